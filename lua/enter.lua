@@ -1,0 +1,54 @@
+#!lua
+-- enter.lua: join a target's waiting room (SPEC §4 Enter). Atomic so that concurrent duplicate
+-- enters of one user get one seq and waste none, and the capacity check cannot race the INCR.
+--
+-- KEYS[1] queue:{T}:waiting         ZSET userId -> seq
+-- KEYS[2] queue:{T}:heartbeat       ZSET userId -> last poll (ms)
+-- KEYS[3] queue:{T}:seq             STRING, INCR
+-- KEYS[4] queue:{T}:admitted_count  STRING
+-- KEYS[5] queue:{T}:entered         HASH userId -> enter time (ms), for wait statistics
+-- KEYS[6] queue:{T}:waits           LIST of admission waits (ms)
+-- KEYS[7] queue:{T}:advances        LIST of "ms:admitted_count" samples
+-- KEYS[8] queue:{T}:token:{userId}  STRING "expiresAt|token"
+-- ARGV[1] userId, ARGV[2] now (ms), ARGV[3] capacity, ARGV[4] key TTL (ms)
+-- Reply: {"ADMITTED", "expiresAt|token"} | {"WAITING", seq, rank} | {"FULL"}
+--
+-- The `#!lua` shebang (no allow-oom flag) makes Redis refuse the whole script under maxmemory
+-- before it runs, instead of failing at its first write and keeping the writes before it.
+
+local user, now, capacity, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+
+local stored = redis.call('GET', KEYS[8])
+if stored then
+  return {'ADMITTED', stored}
+end
+
+local function touch()
+  for i = 1, 7 do
+    redis.call('PEXPIRE', KEYS[i], ttl)
+  end
+end
+
+local seq = redis.call('ZSCORE', KEYS[1], user)
+if seq then
+  redis.call('ZADD', KEYS[2], now, user)
+  touch()
+  return {'WAITING', seq, redis.call('ZRANK', KEYS[1], user)}
+end
+
+local waiting = redis.call('ZCARD', KEYS[1])
+if waiting >= capacity then
+  return {'FULL'}
+end
+
+local s = redis.call('INCR', KEYS[3])
+if s == 1 then
+  -- A fresh sequence must start from a fresh mark: a stale admitted_count left behind by an
+  -- expired seq would admit newcomers at once.
+  redis.call('DEL', KEYS[4], KEYS[7])
+end
+redis.call('ZADD', KEYS[1], s, user)
+redis.call('ZADD', KEYS[2], now, user)
+redis.call('HSET', KEYS[5], user, now)
+touch()
+return {'WAITING', tostring(s), waiting}

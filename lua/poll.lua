@@ -1,0 +1,48 @@
+#!lua
+-- poll.lua: a waiting user's poll (SPEC §4 Poll). Records the heartbeat; when the user's fixed seq
+-- is within admitted_count, stores the caller's candidate token (unless one is stored already),
+-- takes the user out of the waiting and heartbeat sets and records the wait. Atomic so that two
+-- concurrent polls of one user end with one stored token, answered to both.
+--
+-- KEYS[1..7] as in enter.lua (waiting, heartbeat, seq, admitted_count, entered, waits, advances)
+-- KEYS[8]    queue:{T}:token:{userId}  STRING "expiresAt|token"
+-- ARGV[1] userId, ARGV[2] now (ms), ARGV[3] candidate "expiresAt|token", ARGV[4] token TTL (s),
+-- ARGV[5] key TTL (ms), ARGV[6] how many wait samples to keep
+-- Reply: {"ADMITTED", "expiresAt|token"} | {"WAITING", seq, rank} | {"NONE"}
+
+local user, now, candidate, token_ttl, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+
+local stored = redis.call('GET', KEYS[8])
+if stored then
+  return {'ADMITTED', stored}
+end
+
+local seq = redis.call('ZSCORE', KEYS[1], user)
+if not seq then
+  return {'NONE'}
+end
+
+local function touch()
+  for i = 1, 7 do
+    redis.call('PEXPIRE', KEYS[i], ttl)
+  end
+end
+
+local admitted = tonumber(redis.call('GET', KEYS[4]) or '0')
+if tonumber(seq) <= admitted then
+  redis.call('SET', KEYS[8], candidate, 'EX', token_ttl)
+  redis.call('ZREM', KEYS[1], user)
+  redis.call('ZREM', KEYS[2], user)
+  local entered = redis.call('HGET', KEYS[5], user)
+  if entered then
+    redis.call('HDEL', KEYS[5], user)
+    redis.call('LPUSH', KEYS[6], math.max(0, tonumber(now) - tonumber(entered)))
+    redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[6]) - 1)
+  end
+  touch()
+  return {'ADMITTED', candidate}
+end
+
+redis.call('ZADD', KEYS[2], now, user)
+touch()
+return {'WAITING', seq, redis.call('ZRANK', KEYS[1], user)}

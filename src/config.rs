@@ -1,0 +1,651 @@
+//! Configuration: the TOML file (`ConfigFile`, SPEC §8) and the validated `Config` the rest of the
+//! gateway runs on.
+//!
+//! The file is parsed with `deny_unknown_fields`, then every value is checked and turned into a
+//! typed field (socket addresses, durations, non-zero sizes). A bad value is an error naming the key;
+//! nothing falls back to a default silently. `ConfigFile` is also `Serialize`, so tests build a
+//! configuration in code and hand the gateway exactly what an operator would write.
+//!
+//! This module does no network I/O; the upstream host is resolved when the server is built.
+
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroU64};
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::queue::TargetType;
+
+/// Error for a configuration that cannot be used. `key` is the dotted TOML key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Parse(String),
+    #[error("invalid `{key}`: {reason}")]
+    Invalid { key: String, reason: String },
+}
+
+fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        reason: reason.into(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The file as written by an operator.
+// ---------------------------------------------------------------------------------------------
+
+/// The TOML file, section by section. Every section and key is optional and has the documented
+/// default; unknown keys are errors.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConfigFile {
+    pub server: ServerSection,
+    pub upstream: UpstreamSection,
+    pub store: StoreSection,
+    pub queue: QueueSection,
+    pub token: TokenSection,
+    pub flag: FlagSection,
+    pub gate: GateSection,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    /// Public listener (all traffic from nginx-lb).
+    pub listen: String,
+    /// Admin listener: `/healthz`, `/readyz`, `/metrics`. Keep it private.
+    pub admin_listen: String,
+    /// Worker threads of the proxy service.
+    pub threads: usize,
+    /// Idle keep-alive of downstream connections, seconds.
+    pub keepalive_idle_s: u64,
+    /// How long in-flight requests may finish after SIGTERM, seconds.
+    pub grace_period_s: u64,
+    /// `text` (human) or `json` (one object per line).
+    pub log_format: String,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            listen: "127.0.0.1:8080".into(),
+            admin_listen: "127.0.0.1:9090".into(),
+            threads: 2,
+            keepalive_idle_s: 60,
+            grace_period_s: 5,
+            log_format: "text".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamSection {
+    /// The unchanged backend, `host:port`.
+    pub address: String,
+    pub connect_timeout_ms: u64,
+    pub read_timeout_ms: u64,
+    pub write_timeout_ms: u64,
+}
+
+impl Default for UpstreamSection {
+    fn default() -> Self {
+        UpstreamSection {
+            address: "127.0.0.1:8081".into(),
+            connect_timeout_ms: 1000,
+            read_timeout_ms: 30_000,
+            write_timeout_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreSection {
+    /// `memory` (single instance, the embedded default) or `redis`.
+    pub backend: String,
+    pub redis_url: String,
+    pub command_timeout_ms: u64,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        StoreSection {
+            backend: "memory".into(),
+            redis_url: "redis://127.0.0.1:6379".into(),
+            command_timeout_ms: 150,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueSection {
+    pub tick_ms: u64,
+    pub batch_size: u64,
+    pub max_capacity: u64,
+    pub heartbeat_timeout_s: u64,
+    pub max_evict_per_tick: u64,
+}
+
+impl Default for QueueSection {
+    fn default() -> Self {
+        QueueSection {
+            tick_ms: 2000,
+            batch_size: 100,
+            max_capacity: 100_000,
+            heartbeat_timeout_s: 60,
+            max_evict_per_tick: 1000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokenSection {
+    /// Name of the environment variable holding the signing secret.
+    pub secret_env: String,
+    /// Name of the environment variable holding the previous secret (verification only).
+    pub previous_secret_env: String,
+    pub ttl_s: u64,
+    pub single_use: bool,
+}
+
+impl Default for TokenSection {
+    fn default() -> Self {
+        TokenSection {
+            secret_env: "VQ_TOKEN_SECRET".into(),
+            previous_secret_env: "VQ_TOKEN_SECRET_PREVIOUS".into(),
+            ttl_s: 300,
+            single_use: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FlagSection {
+    pub enabled: bool,
+    pub rollout_percent: u64,
+}
+
+impl Default for FlagSection {
+    fn default() -> Self {
+        FlagSection {
+            enabled: false,
+            rollout_percent: 100,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GateSection {
+    pub routes: Vec<GateRouteEntry>,
+}
+
+impl Default for GateSection {
+    fn default() -> Self {
+        GateSection {
+            routes: vec![
+                GateRouteEntry {
+                    method: "POST".into(),
+                    path: "/limited-drops/{id}/orders".into(),
+                    target_type: "LIMITED_DROP".into(),
+                },
+                GateRouteEntry {
+                    method: "POST".into(),
+                    path: "/events/{id}/seats/select".into(),
+                    target_type: "TICKETING_EVENT".into(),
+                },
+            ],
+        }
+    }
+}
+
+/// One gated route: `POST /limited-drops/{id}/orders` guarded for `LIMITED_DROP`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GateRouteEntry {
+    pub method: String,
+    pub path: String,
+    pub target_type: String,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The validated configuration.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreBackend {
+    Memory,
+    Redis { url: String },
+}
+
+/// A gated route after validation: the path split into literal segments and one `{id}` slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateRoute {
+    pub method: http::Method,
+    /// Lower-case literal segments; `None` marks the `{id}` slot.
+    pub segments: Vec<Option<String>>,
+    pub target_type: TargetType,
+    /// The template as configured, used as a bounded metric label.
+    pub template: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub threads: usize,
+    pub keepalive_idle: Duration,
+    pub grace_period: Duration,
+    pub log_format: LogFormat,
+    /// `host:port` as configured; resolved once when the server is built.
+    pub upstream: String,
+    pub upstream_connect_timeout: Duration,
+    pub upstream_read_timeout: Duration,
+    pub upstream_write_timeout: Duration,
+    pub store: StoreBackend,
+    pub command_timeout: Duration,
+    pub tick: Duration,
+    pub batch_size: NonZeroU32,
+    pub max_capacity: NonZeroU64,
+    pub heartbeat_timeout: Duration,
+    pub max_evict_per_tick: NonZeroU32,
+    pub secret_env: String,
+    pub previous_secret_env: String,
+    pub token_ttl: Duration,
+    pub single_use: bool,
+    pub flag_enabled: bool,
+    pub rollout_percent: u8,
+    pub gate_routes: Vec<GateRoute>,
+}
+
+impl Config {
+    /// Reads, parses and validates a TOML file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::from_toml(&text)
+    }
+
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let file: ConfigFile =
+            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        Config::from_file(&file)
+    }
+
+    pub fn from_file(f: &ConfigFile) -> Result<Config, ConfigError> {
+        let s = &f.server;
+        let listen = socket_addr("server.listen", &s.listen)?;
+        let admin_listen = socket_addr("server.admin_listen", &s.admin_listen)?;
+        if listen == admin_listen {
+            return Err(invalid(
+                "server.admin_listen",
+                "must differ from server.listen",
+            ));
+        }
+        let threads = in_range("server.threads", s.threads as u64, 1, 256)? as usize;
+        let keepalive_idle = secs("server.keepalive_idle_s", s.keepalive_idle_s, 1, 3600)?;
+        let grace_period = secs("server.grace_period_s", s.grace_period_s, 0, 3600)?;
+        let log_format = match s.log_format.as_str() {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => {
+                return Err(invalid(
+                    "server.log_format",
+                    format!("`{other}` is not one of `text`, `json`"),
+                ))
+            }
+        };
+
+        let u = &f.upstream;
+        let upstream = host_port("upstream.address", &u.address)?;
+        let upstream_connect_timeout = millis(
+            "upstream.connect_timeout_ms",
+            u.connect_timeout_ms,
+            1,
+            60_000,
+        )?;
+        let upstream_read_timeout =
+            millis("upstream.read_timeout_ms", u.read_timeout_ms, 1, 3_600_000)?;
+        let upstream_write_timeout = millis(
+            "upstream.write_timeout_ms",
+            u.write_timeout_ms,
+            1,
+            3_600_000,
+        )?;
+
+        let st = &f.store;
+        let store = match st.backend.as_str() {
+            "memory" => StoreBackend::Memory,
+            "redis" => {
+                if !(st.redis_url.starts_with("redis://") || st.redis_url.starts_with("rediss://"))
+                {
+                    return Err(invalid(
+                        "store.redis_url",
+                        "must start with redis:// or rediss://",
+                    ));
+                }
+                StoreBackend::Redis {
+                    url: st.redis_url.clone(),
+                }
+            }
+            other => {
+                return Err(invalid(
+                    "store.backend",
+                    format!("unknown store backend `{other}` (expected `memory` or `redis`)"),
+                ))
+            }
+        };
+        let command_timeout = millis("store.command_timeout_ms", st.command_timeout_ms, 1, 10_000)?;
+
+        let q = &f.queue;
+        let tick = millis("queue.tick_ms", q.tick_ms, 10, 3_600_000)?;
+        let batch_size = nonzero_u32("queue.batch_size", q.batch_size)?;
+        let max_capacity = NonZeroU64::new(q.max_capacity)
+            .ok_or_else(|| invalid("queue.max_capacity", "must be at least 1"))?;
+        let heartbeat_timeout = secs(
+            "queue.heartbeat_timeout_s",
+            q.heartbeat_timeout_s,
+            1,
+            86_400,
+        )?;
+        let max_evict_per_tick = nonzero_u32("queue.max_evict_per_tick", q.max_evict_per_tick)?;
+
+        let t = &f.token;
+        env_name("token.secret_env", &t.secret_env)?;
+        env_name("token.previous_secret_env", &t.previous_secret_env)?;
+        if t.secret_env == t.previous_secret_env {
+            return Err(invalid(
+                "token.previous_secret_env",
+                "must name a different variable than token.secret_env",
+            ));
+        }
+        let token_ttl = secs("token.ttl_s", t.ttl_s, 1, 86_400)?;
+
+        let rollout_percent =
+            in_range("flag.rollout_percent", f.flag.rollout_percent, 0, 100)? as u8;
+
+        let mut gate_routes = Vec::with_capacity(f.gate.routes.len());
+        for (i, r) in f.gate.routes.iter().enumerate() {
+            gate_routes.push(gate_route(i, r)?);
+        }
+
+        Ok(Config {
+            listen,
+            admin_listen,
+            threads,
+            keepalive_idle,
+            grace_period,
+            log_format,
+            upstream,
+            upstream_connect_timeout,
+            upstream_read_timeout,
+            upstream_write_timeout,
+            store,
+            command_timeout,
+            tick,
+            batch_size,
+            max_capacity,
+            heartbeat_timeout,
+            max_evict_per_tick,
+            secret_env: t.secret_env.clone(),
+            previous_secret_env: t.previous_secret_env.clone(),
+            token_ttl,
+            single_use: t.single_use,
+            flag_enabled: f.flag.enabled,
+            rollout_percent,
+            gate_routes,
+        })
+    }
+
+    /// A short human summary for `check-config`. Holds no secret.
+    pub fn summary(&self) -> String {
+        let store = match &self.store {
+            StoreBackend::Memory => "memory (single instance only)".to_string(),
+            StoreBackend::Redis { url } => format!("redis {}", redact_url(url)),
+        };
+        let routes: Vec<String> = self
+            .gate_routes
+            .iter()
+            .map(|r| format!("{} {} -> {}", r.method, r.template, r.target_type.as_str()))
+            .collect();
+        format!(
+            "listen {} | admin {} | upstream {}\nstore {} (timeout {} ms)\nqueue: {} users per {} ms, capacity {}, heartbeat timeout {} s\ntoken: ttl {} s, single use {}, secret from ${}\nflag: enabled {}, rollout {}%\ngated: {}",
+            self.listen,
+            self.admin_listen,
+            self.upstream,
+            store,
+            self.command_timeout.as_millis(),
+            self.batch_size,
+            self.tick.as_millis(),
+            self.max_capacity,
+            self.heartbeat_timeout.as_secs(),
+            self.token_ttl.as_secs(),
+            self.single_use,
+            self.secret_env,
+            self.flag_enabled,
+            self.rollout_percent,
+            if routes.is_empty() { "none".to_string() } else { routes.join(", ") },
+        )
+    }
+}
+
+/// Hides a password in a Redis URL (`redis://:pw@host` → `redis://***@host`).
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
+        _ => url.to_string(),
+    }
+}
+
+fn socket_addr(key: &str, v: &str) -> Result<SocketAddr, ConfigError> {
+    v.parse()
+        .map_err(|_| invalid(key, format!("`{v}` is not an IP:port socket address")))
+}
+
+/// `host:port` with a non-empty host and a non-zero port; resolution happens at start.
+fn host_port(key: &str, v: &str) -> Result<String, ConfigError> {
+    if v.parse::<SocketAddr>().is_ok() {
+        return Ok(v.to_string());
+    }
+    let bad = || invalid(key, format!("`{v}` is not host:port"));
+    let (host, port) = v.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
+    if !host_ok || port == 0 {
+        return Err(bad());
+    }
+    Ok(v.to_string())
+}
+
+fn in_range(key: &str, v: u64, lo: u64, hi: u64) -> Result<u64, ConfigError> {
+    if v < lo || v > hi {
+        return Err(invalid(key, format!("{v} is outside {lo}..={hi}")));
+    }
+    Ok(v)
+}
+
+fn millis(key: &str, v: u64, lo: u64, hi: u64) -> Result<Duration, ConfigError> {
+    in_range(key, v, lo, hi).map(Duration::from_millis)
+}
+
+fn secs(key: &str, v: u64, lo: u64, hi: u64) -> Result<Duration, ConfigError> {
+    in_range(key, v, lo, hi).map(Duration::from_secs)
+}
+
+fn nonzero_u32(key: &str, v: u64) -> Result<NonZeroU32, ConfigError> {
+    let v = u32::try_from(v).map_err(|_| invalid(key, format!("{v} is too large")))?;
+    NonZeroU32::new(v).ok_or_else(|| invalid(key, "must be at least 1"))
+}
+
+fn env_name(key: &str, v: &str) -> Result<(), ConfigError> {
+    let ok = !v.is_empty()
+        && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !v.as_bytes()[0].is_ascii_digit();
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            key,
+            format!("`{v}` is not an environment variable name"),
+        ))
+    }
+}
+
+fn gate_route(i: usize, r: &GateRouteEntry) -> Result<GateRoute, ConfigError> {
+    let key = |k: &str| format!("gate.routes[{i}].{k}");
+    let method =
+        http::Method::from_bytes(r.method.to_ascii_uppercase().as_bytes()).map_err(|_| {
+            invalid(
+                &key("method"),
+                format!("`{}` is not an HTTP method", r.method),
+            )
+        })?;
+    let target_type = TargetType::from_enum_name(&r.target_type).ok_or_else(|| {
+        invalid(
+            &key("target_type"),
+            format!("`{}` is not LIMITED_DROP or TICKETING_EVENT", r.target_type),
+        )
+    })?;
+    let bad_path = |why: &str| invalid(&key("path"), format!("`{}` {why}", r.path));
+    let rest = r
+        .path
+        .strip_prefix('/')
+        .ok_or_else(|| bad_path("must start with /"))?;
+    let mut segments = Vec::new();
+    for seg in rest.split('/') {
+        if seg == "{id}" {
+            segments.push(None);
+        } else if !seg.is_empty()
+            && seg
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            segments.push(Some(seg.to_ascii_lowercase()));
+        } else {
+            return Err(bad_path("has a segment that is not a plain word or {id}"));
+        }
+    }
+    if segments.iter().filter(|s| s.is_none()).count() != 1 {
+        return Err(bad_path("must contain exactly one {id}"));
+    }
+    if segments
+        .first()
+        .is_some_and(|s| s.as_deref() == Some("virtual-queues"))
+    {
+        return Err(bad_path("may not be under /virtual-queues"));
+    }
+    Ok(GateRoute {
+        method,
+        segments,
+        target_type,
+        template: r.path.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err_of(toml: &str) -> String {
+        match Config::from_toml(toml) {
+            Ok(_) => panic!("accepted: {toml}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn empty_file_gives_documented_defaults() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.store, StoreBackend::Memory);
+        assert_eq!(c.tick, Duration::from_millis(2000));
+        assert_eq!(c.batch_size.get(), 100);
+        assert_eq!(c.command_timeout, Duration::from_millis(150));
+        assert_eq!(c.gate_routes.len(), 2);
+        assert!(!c.flag_enabled);
+        assert_eq!(c.rollout_percent, 100);
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        assert!(err_of("[queue]\nbatch_size = 0").contains("queue.batch_size"));
+        assert!(err_of("[queue]\ntick_ms = 0").contains("queue.tick_ms"));
+        assert!(err_of("[flag]\nrollout_percent = 101").contains("flag.rollout_percent"));
+        assert!(err_of("[server]\nlisten = \"nope\"").contains("server.listen"));
+        assert!(err_of("[store]\nbackend = \"etcd\"").contains("store.backend"));
+        assert!(err_of("[upstream]\naddress = \"host\"").contains("upstream.address"));
+        assert!(err_of("[token]\nsecret_env = \"A B\"").contains("token.secret_env"));
+        assert!(err_of("[queue]\nmax_capacity = 0").contains("queue.max_capacity"));
+    }
+
+    #[test]
+    fn unknown_keys_and_types_are_errors() {
+        assert!(err_of("[queue]\nbatch = 5").contains("batch"));
+        assert!(err_of("[nope]\na = 1").contains("nope"));
+        assert!(err_of("[queue]\nbatch_size = -1").contains("batch_size"));
+    }
+
+    #[test]
+    fn gate_routes_are_validated() {
+        let e = err_of(
+            "[[gate.routes]]\nmethod = \"POST\"\npath = \"/a/b\"\ntarget_type = \"LIMITED_DROP\"",
+        );
+        assert!(e.contains("gate.routes[0].path"), "{e}");
+        let e =
+            err_of("[[gate.routes]]\nmethod = \"POST\"\npath = \"/a/{id}\"\ntarget_type = \"X\"");
+        assert!(e.contains("gate.routes[0].target_type"), "{e}");
+        let c = Config::from_toml(
+            "[[gate.routes]]\nmethod = \"put\"\npath = \"/Shop/{id}/Buy\"\ntarget_type = \"TICKETING_EVENT\"",
+        )
+        .unwrap();
+        assert_eq!(c.gate_routes.len(), 1);
+        assert_eq!(c.gate_routes[0].method, http::Method::PUT);
+        assert_eq!(
+            c.gate_routes[0].segments,
+            vec![Some("shop".to_string()), None, Some("buy".to_string())]
+        );
+    }
+
+    #[test]
+    fn hostnames_are_allowed_for_upstream() {
+        let c = Config::from_toml("[upstream]\naddress = \"backend.internal:8081\"").unwrap();
+        assert_eq!(c.upstream, "backend.internal:8081");
+    }
+
+    #[test]
+    fn redis_password_is_redacted() {
+        assert_eq!(redact_url("redis://:pw@h:1"), "redis://***@h:1");
+        assert_eq!(redact_url("redis://h:1"), "redis://h:1");
+    }
+
+    #[test]
+    fn serialized_file_round_trips() {
+        let mut f = ConfigFile::default();
+        f.queue.batch_size = 7;
+        let text = toml::to_string(&f).unwrap();
+        let c = Config::from_toml(&text).unwrap();
+        assert_eq!(c.batch_size.get(), 7);
+    }
+}

@@ -1,0 +1,99 @@
+//! Errors at the HTTP boundary: `ApiError` and the one function that turns it into a status and a
+//! JSON body `{"code": "...", "detail": "..."}` (SPEC §3). Details are for humans and never carry
+//! internals (no store errors, no token bytes, no secrets).
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(&'static str),
+    #[error("{0}")]
+    BypassDenied(&'static str),
+    #[error("you are not in this queue")]
+    NotInQueue,
+    #[error("unknown target type; expected limited-drop or ticketing-event")]
+    UnknownTargetType,
+    #[error("no such queue resource")]
+    NotFound,
+    #[error("method not allowed here")]
+    MethodNotAllowed,
+    #[error("the queue is full, please try again shortly")]
+    QueueFull,
+    #[error("queue statistics are temporarily unavailable")]
+    QueueUnavailable,
+    #[error("the backend is unavailable")]
+    UpstreamUnavailable,
+    #[error("the backend did not answer in time")]
+    UpstreamTimeout,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    code: &'a str,
+    detail: String,
+}
+
+impl ApiError {
+    pub fn status(&self) -> u16 {
+        match self {
+            ApiError::BadRequest(_) => 400,
+            ApiError::BypassDenied(_) => 403,
+            ApiError::NotInQueue | ApiError::UnknownTargetType | ApiError::NotFound => 404,
+            ApiError::MethodNotAllowed => 405,
+            ApiError::QueueFull => 429,
+            ApiError::UpstreamUnavailable => 502,
+            ApiError::QueueUnavailable => 503,
+            ApiError::UpstreamTimeout => 504,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest(_) => "BAD_REQUEST",
+            ApiError::BypassDenied(_) => "QUEUE_BYPASS_DENIED",
+            ApiError::NotInQueue => "NOT_IN_QUEUE",
+            ApiError::UnknownTargetType => "UNKNOWN_TARGET_TYPE",
+            ApiError::NotFound => "NOT_FOUND",
+            ApiError::MethodNotAllowed => "METHOD_NOT_ALLOWED",
+            ApiError::QueueFull => "QUEUE_FULL",
+            ApiError::QueueUnavailable => "QUEUE_UNAVAILABLE",
+            ApiError::UpstreamUnavailable => "UPSTREAM_UNAVAILABLE",
+            ApiError::UpstreamTimeout => "UPSTREAM_TIMEOUT",
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Vec<u8> {
+        serde_json::to_vec(&ErrorBody {
+            code: self.code(),
+            detail: self.to_string(),
+        })
+        .unwrap_or_else(|_| br#"{"code":"INTERNAL","detail":"error"}"#.to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_maps_to_status_and_code() {
+        let cases = [
+            (ApiError::BadRequest("x"), 400, "BAD_REQUEST"),
+            (ApiError::BypassDenied("x"), 403, "QUEUE_BYPASS_DENIED"),
+            (ApiError::NotInQueue, 404, "NOT_IN_QUEUE"),
+            (ApiError::UnknownTargetType, 404, "UNKNOWN_TARGET_TYPE"),
+            (ApiError::MethodNotAllowed, 405, "METHOD_NOT_ALLOWED"),
+            (ApiError::QueueFull, 429, "QUEUE_FULL"),
+            (ApiError::QueueUnavailable, 503, "QUEUE_UNAVAILABLE"),
+            (ApiError::UpstreamUnavailable, 502, "UPSTREAM_UNAVAILABLE"),
+        ];
+        for (e, status, code) in cases {
+            assert_eq!(e.status(), status);
+            let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
+            assert_eq!(v["code"], code);
+            assert!(v["detail"].as_str().is_some_and(|d| !d.is_empty()));
+        }
+    }
+}

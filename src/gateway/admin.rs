@@ -1,0 +1,95 @@
+//! The admin listener (keep it private): `/healthz`, `/readyz`, `/metrics`.
+//!
+//! `/readyz` answers 200 once the public listener accepts connections. It reports the store's
+//! state in its body but never turns not-ready because of it: a load balancer that pulled every
+//! replica while Redis is down would defeat failing open (SPEC §7).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use http::Response;
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+
+use super::AppState;
+
+pub struct AdminApp {
+    state: Arc<AppState>,
+}
+
+impl AdminApp {
+    pub fn new(state: Arc<AppState>) -> AdminApp {
+        AdminApp { state }
+    }
+
+    async fn ready(&self) -> (u16, String) {
+        let listen = self.state.config.listen;
+        let proxy_up = matches!(
+            tokio::time::timeout(
+                Duration::from_millis(200),
+                tokio::net::TcpStream::connect(listen)
+            )
+            .await,
+            Ok(Ok(_))
+        );
+        let store = match self.state.store.ping().await {
+            Ok(()) => "ok",
+            Err(_) => "unavailable (failing open)",
+        };
+        let status = if proxy_up { 200 } else { 503 };
+        let body = serde_json::json!({
+            "ready": proxy_up,
+            "store": self.state.store.kind(),
+            "storeState": store,
+        });
+        (status, body.to_string())
+    }
+}
+
+fn response(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
+    let mut r = Response::new(Vec::new());
+    *r.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::OK);
+    let headers = r.headers_mut();
+    if let Ok(v) = http::HeaderValue::from_str(content_type) {
+        headers.insert(http::header::CONTENT_TYPE, v);
+    }
+    headers.insert(
+        http::header::CONTENT_LENGTH,
+        http::HeaderValue::from(body.len()),
+    );
+    *r.body_mut() = body;
+    r
+}
+
+#[async_trait]
+impl ServeHttp for AdminApp {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let _ = session.drain_request_body().await;
+        let path = session.req_header().uri.path().to_string();
+        let get = session.req_header().method == http::Method::GET;
+        match (get, path.as_str()) {
+            (true, "/healthz") => response(200, "application/json", br#"{"status":"ok"}"#.to_vec()),
+            (true, "/readyz") => {
+                let (status, body) = self.ready().await;
+                response(status, "application/json", body.into_bytes())
+            }
+            (true, "/metrics") => response(
+                200,
+                "text/plain; version=0.0.4",
+                self.state.metrics.render(),
+            ),
+            (false, "/healthz" | "/readyz" | "/metrics") => response(
+                405,
+                "application/json",
+                br#"{"code":"METHOD_NOT_ALLOWED","detail":"use GET"}"#.to_vec(),
+            ),
+            _ => response(
+                404,
+                "application/json",
+                br#"{"code":"NOT_FOUND","detail":"admin endpoints: /healthz /readyz /metrics"}"#
+                    .to_vec(),
+            ),
+        }
+    }
+}

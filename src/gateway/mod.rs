@@ -1,0 +1,322 @@
+//! The public listener: a Pingora `ProxyHttp` that answers the queue API itself and proxies every
+//! other request to the backend unchanged.
+//!
+//! Phases, one job each:
+//! - `early_request_filter`: bound the idle keep-alive of the downstream connection.
+//! - `request_filter`: canonicalise the path once, classify it (`route.rs`), answer the queue API
+//!   (`api.rs`) or reject bad requests locally; everything else continues to the backend.
+//! - `upstream_peer`: the backend, resolved once at start, with connect/read/write timeouts.
+//! - `fail_to_proxy`: a backend that is down or slow becomes a JSON 502/504, never a hang.
+//! - `logging`: one structured line and the request metrics.
+
+pub mod admin;
+pub mod api;
+pub mod path;
+pub mod route;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::prelude::{HttpPeer, ProxyHttp, Session};
+use pingora::proxy::FailToProxy;
+use pingora::{Error, ErrorSource, ErrorType, Result};
+
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::flag::Flag;
+use crate::metrics::Metrics;
+use crate::queue::QueueTarget;
+use crate::store::{QueueStore, StoreError};
+use crate::token::TokenKeys;
+use api::Reply;
+use route::RouteClass;
+
+/// Everything a request may need, shared by all requests and the background services.
+pub struct AppState {
+    pub config: Config,
+    pub upstream: SocketAddr,
+    pub store: Arc<dyn QueueStore>,
+    pub keys: TokenKeys,
+    pub flag: Flag,
+    pub metrics: Metrics,
+    /// Set while the store fails, so an outage logs one line, not one per request.
+    store_down: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(
+        config: Config,
+        upstream: SocketAddr,
+        store: Arc<dyn QueueStore>,
+        keys: TokenKeys,
+        flag: Flag,
+        metrics: Metrics,
+    ) -> AppState {
+        AppState {
+            config,
+            upstream,
+            store,
+            keys,
+            flag,
+            metrics,
+            store_down: AtomicBool::new(false),
+        }
+    }
+
+    pub fn store_ok(&self) {
+        if self.store_down.swap(false, Ordering::Relaxed) {
+            tracing::info!(
+                store = self.store.kind(),
+                "store answers again; queue resumed"
+            );
+        }
+    }
+
+    pub fn store_failed(&self, op: &'static str, e: &StoreError) {
+        self.metrics.degraded.with_label_values(&[op]).inc();
+        if !self.store_down.swap(true, Ordering::Relaxed) {
+            tracing::warn!(store = self.store.kind(), op, error = %e,
+                "store failed; failing open until it answers again");
+        }
+    }
+
+    pub fn count_token(&self, target: QueueTarget, event: &str) {
+        let label = self.metrics.targets.label(target);
+        self.metrics
+            .tokens
+            .with_label_values(&[&label, event])
+            .inc();
+    }
+}
+
+/// Per-request context.
+pub struct RequestCtx {
+    class: RouteClass,
+    started: Instant,
+}
+
+pub struct Gateway {
+    state: Arc<AppState>,
+}
+
+impl Gateway {
+    pub fn new(state: Arc<AppState>) -> Gateway {
+        Gateway { state }
+    }
+}
+
+/// Writes a complete local response: always with Content-Length so the connection stays alive.
+pub async fn write_reply(session: &mut Session, reply: &Reply) -> Result<()> {
+    let mut header = ResponseHeader::build(reply.status, Some(4))?;
+    header.insert_header(http::header::CONTENT_LENGTH, reply.body.len().to_string())?;
+    if !reply.body.is_empty() {
+        header.insert_header(http::header::CONTENT_TYPE, "application/json")?;
+    }
+    header.insert_header(http::header::CACHE_CONTROL, "no-store")?;
+    session
+        .write_response_header(Box::new(header), reply.body.is_empty())
+        .await?;
+    if !reply.body.is_empty() {
+        session
+            .write_response_body(Some(Bytes::copy_from_slice(&reply.body)), true)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Reads and discards the request body, so a locally answered POST leaves the connection reusable.
+async fn answer_locally(session: &mut Session, reply: &Reply) -> Result<bool> {
+    session.drain_request_body().await?;
+    write_reply(session, reply).await?;
+    Ok(true)
+}
+
+/// The path part of the request target: origin-form as is; absolute-form without scheme and
+/// authority; the query string cut off.
+fn target_path(raw: &[u8]) -> &[u8] {
+    let mut p = raw;
+    for scheme in [&b"http://"[..], b"https://"] {
+        if p.len() >= scheme.len() && p[..scheme.len()].eq_ignore_ascii_case(scheme) {
+            let rest = &p[scheme.len()..];
+            p = rest
+                .iter()
+                .position(|&b| b == b'/')
+                .map_or(&b"/"[..], |i| &rest[i..]);
+            break;
+        }
+    }
+    match p.iter().position(|&b| b == b'?' || b == b'#') {
+        Some(i) => &p[..i],
+        None => p,
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx {
+            class: RouteClass::Proxy,
+            started: Instant::now(),
+        }
+    }
+
+    async fn early_request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        ctx.started = Instant::now();
+        session.set_keepalive(Some(self.state.config.keepalive_idle.as_secs()));
+        Ok(())
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        let canonical = match path::canonicalize(target_path(session.req_header().raw_path())) {
+            Ok(c) => c,
+            Err(_) => {
+                ctx.class = RouteClass::Rejected;
+                let e = ApiError::BadRequest("the request path is malformed or ambiguous");
+                return answer_locally(session, &Reply::error(&e)).await;
+            }
+        };
+        if route::is_api_path(&canonical) {
+            let method = session.req_header().method.clone();
+            let reply = match route::parse_api(&canonical, &method) {
+                Ok(call) => {
+                    ctx.class = call.class;
+                    api::handle(&self.state, call, &session.req_header().headers).await
+                }
+                Err(e) => {
+                    ctx.class = RouteClass::QueueError;
+                    Reply::error(&e)
+                }
+            };
+            return answer_locally(session, &reply).await;
+        }
+        ctx.class = RouteClass::Proxy;
+        Ok(false)
+    }
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        _ctx: &mut RequestCtx,
+    ) -> Result<Box<HttpPeer>> {
+        let c = &self.state.config;
+        let mut peer = HttpPeer::new(self.state.upstream, false, String::new());
+        peer.options.connection_timeout = Some(c.upstream_connect_timeout);
+        peer.options.total_connection_timeout = Some(c.upstream_connect_timeout);
+        peer.options.read_timeout = Some(c.upstream_read_timeout);
+        peer.options.write_timeout = Some(c.upstream_write_timeout);
+        Ok(Box::new(peer))
+    }
+
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        _ctx: &mut RequestCtx,
+    ) -> FailToProxy {
+        let error = match (e.esource(), e.etype()) {
+            (_, ErrorType::HTTPStatus(code)) => {
+                let code = *code;
+                let _ = session.respond_error(code).await;
+                return FailToProxy {
+                    error_code: code,
+                    can_reuse_downstream: false,
+                };
+            }
+            (
+                ErrorSource::Downstream,
+                ErrorType::ReadError | ErrorType::WriteError | ErrorType::ConnectionClosed,
+            ) => {
+                return FailToProxy {
+                    error_code: 0,
+                    can_reuse_downstream: false,
+                };
+            }
+            (ErrorSource::Downstream, _) => ApiError::BadRequest("the request could not be read"),
+            (_, ErrorType::ReadTimedout | ErrorType::WriteTimedout) => ApiError::UpstreamTimeout,
+            _ => ApiError::UpstreamUnavailable,
+        };
+        let reply = Reply::error(&error);
+        if let Err(write_err) = write_reply(session, &reply).await {
+            tracing::debug!(error = %write_err, "could not write the error response");
+        }
+        FailToProxy {
+            error_code: reply.status,
+            can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let elapsed = ctx.started.elapsed();
+        let class = ctx.class.as_str();
+        let m = &self.state.metrics;
+        m.requests
+            .with_label_values(&[class, status_label(status)])
+            .inc();
+        m.latency
+            .with_label_values(&[class])
+            .observe(elapsed.as_secs_f64());
+        let req = session.req_header();
+        tracing::info!(
+            target: "access",
+            method = %req.method,
+            route_class = class,
+            status,
+            duration_us = elapsed.as_micros() as u64,
+            error = e.map(|e| e.etype().as_str()),
+            "request"
+        );
+    }
+}
+
+/// Status codes as bounded label values.
+fn status_label(status: u16) -> &'static str {
+    const EXACT: [(u16, &str); 10] = [
+        (200, "200"),
+        (204, "204"),
+        (400, "400"),
+        (403, "403"),
+        (404, "404"),
+        (405, "405"),
+        (429, "429"),
+        (502, "502"),
+        (503, "503"),
+        (504, "504"),
+    ];
+    if let Some((_, label)) = EXACT.iter().find(|(code, _)| *code == status) {
+        return label;
+    }
+    match status {
+        0 => "none",
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_path_strips_authority_and_query() {
+        assert_eq!(target_path(b"/a/b?x=1"), b"/a/b");
+        assert_eq!(target_path(b"http://h:1/a/b?x"), b"/a/b");
+        assert_eq!(target_path(b"HTTP://h/a"), b"/a");
+        assert_eq!(target_path(b"https://h"), b"/");
+        assert_eq!(target_path(b"/a#f"), b"/a");
+    }
+}

@@ -1,0 +1,167 @@
+//! Request classification: every request is classified once, from its canonical path, into a
+//! bounded `RouteClass` (also the metric label) and, for the queue API, the call it names.
+//!
+//! Pure: no I/O. The canonicaliser (`path.rs`) has already rejected ambiguous spellings.
+
+use http::Method;
+
+use super::path::CanonicalPath;
+use crate::error::ApiError;
+use crate::queue::{parse_positive_id, QueueTarget, TargetType};
+
+/// First path segment owned by the gateway (compared without case: nothing under it, however
+/// spelled, may reach the backend).
+pub const API_PREFIX: &str = "virtual-queues";
+
+/// Bounded route classes, used as the `route_class` metric label and in logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteClass {
+    Enter,
+    Poll,
+    Leave,
+    Stats,
+    /// Under `/virtual-queues` but not a valid call (answered with an error).
+    QueueError,
+    /// A gated purchase route.
+    Gated,
+    /// Proxied unchanged.
+    Proxy,
+    /// Rejected before routing (unparsable or ambiguous path, bad headers).
+    Rejected,
+}
+
+impl RouteClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteClass::Enter => "queue_enter",
+            RouteClass::Poll => "queue_poll",
+            RouteClass::Leave => "queue_leave",
+            RouteClass::Stats => "queue_stats",
+            RouteClass::QueueError => "queue_error",
+            RouteClass::Gated => "gated",
+            RouteClass::Proxy => "proxy",
+            RouteClass::Rejected => "rejected",
+        }
+    }
+}
+
+/// A queue API call with its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiCall {
+    pub class: RouteClass,
+    pub target: QueueTarget,
+}
+
+pub fn is_api_path(path: &CanonicalPath) -> bool {
+    path.segments
+        .first()
+        .is_some_and(|s| s.eq_ignore_ascii_case(API_PREFIX))
+}
+
+/// Parses `/virtual-queues/{type}/{targetId}/...` (SPEC §3). Checks in the order a client can act
+/// on: the type (404), the id (400), the resource (400), then the method (405).
+pub fn parse_api(path: &CanonicalPath, method: &Method) -> Result<ApiCall, ApiError> {
+    let s: Vec<&str> = path.segments.iter().map(String::as_str).collect();
+    let kind = match s.get(1) {
+        Some(t) => TargetType::from_path_segment(t).ok_or(ApiError::UnknownTargetType)?,
+        None => {
+            return Err(ApiError::BadRequest(
+                "expected /virtual-queues/{type}/{targetId}/...",
+            ))
+        }
+    };
+    let id = s
+        .get(2)
+        .and_then(|id| parse_positive_id(id))
+        .ok_or(ApiError::BadRequest("targetId must be a positive integer"))?;
+    let target = QueueTarget::new(kind, id);
+    let rest = s.get(3..).unwrap_or(&[]);
+    let class = match (rest, method) {
+        (["entries"], &Method::POST) => RouteClass::Enter,
+        (["entries", "me"], &Method::GET) => RouteClass::Poll,
+        (["entries", "me"], &Method::DELETE) => RouteClass::Leave,
+        (["stats"], &Method::GET) => RouteClass::Stats,
+        (["entries"] | ["entries", "me"] | ["stats"], _) => return Err(ApiError::MethodNotAllowed),
+        _ => return Err(ApiError::BadRequest("unknown queue resource")),
+    };
+    Ok(ApiCall { class, target })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::path::canonicalize;
+
+    fn parse(p: &str, m: Method) -> Result<ApiCall, ApiError> {
+        let c = canonicalize(p.as_bytes()).unwrap();
+        assert!(is_api_path(&c));
+        parse_api(&c, &m)
+    }
+
+    #[test]
+    fn the_four_calls() {
+        let t = QueueTarget::new(TargetType::LimitedDrop, 42);
+        let ok = |p, m, class| assert_eq!(parse(p, m), Ok(ApiCall { class, target: t }));
+        ok(
+            "/virtual-queues/limited-drop/42/entries",
+            Method::POST,
+            RouteClass::Enter,
+        );
+        ok(
+            "/virtual-queues/limited-drop/42/entries/me",
+            Method::GET,
+            RouteClass::Poll,
+        );
+        ok(
+            "/virtual-queues/limited-drop/42/entries/me/",
+            Method::DELETE,
+            RouteClass::Leave,
+        );
+        ok(
+            "/virtual-queues/limited-drop/42/stats",
+            Method::GET,
+            RouteClass::Stats,
+        );
+        let e = parse("/virtual-queues/ticketing-event/7/stats", Method::GET).unwrap();
+        assert_eq!(e.target, QueueTarget::new(TargetType::TicketingEvent, 7));
+    }
+
+    #[test]
+    fn errors_in_client_order() {
+        assert_eq!(
+            parse("/virtual-queues/concert/42/entries", Method::POST),
+            Err(ApiError::UnknownTargetType)
+        );
+        for bad in ["0", "042", "-1", "abc", "99999999999999999999"] {
+            let p = format!("/virtual-queues/limited-drop/{bad}/entries");
+            assert!(
+                matches!(parse(&p, Method::POST), Err(ApiError::BadRequest(_))),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            parse("/virtual-queues/limited-drop/42/nope", Method::GET),
+            Err(ApiError::BadRequest(_))
+        ));
+        assert!(matches!(
+            parse("/virtual-queues", Method::GET),
+            Err(ApiError::BadRequest(_))
+        ));
+        assert_eq!(
+            parse("/virtual-queues/limited-drop/42/entries", Method::GET),
+            Err(ApiError::MethodNotAllowed)
+        );
+        assert_eq!(
+            parse("/virtual-queues/limited-drop/42/stats", Method::PUT),
+            Err(ApiError::MethodNotAllowed)
+        );
+    }
+
+    #[test]
+    fn prefix_is_matched_without_case() {
+        let c = canonicalize(b"/Virtual-Queues/limited-drop/1/stats").unwrap();
+        assert!(is_api_path(&c));
+        let c = canonicalize(b"/virtual-queuesx/limited-drop/1/stats").unwrap();
+        assert!(!is_api_path(&c));
+    }
+}

@@ -1,0 +1,33 @@
+//! vq-gateway: a virtual waiting room sidecar on Pingora.
+//!
+//! # Layout
+//! - `config`   — TOML file → validated `Config` (SPEC §8).
+//! - `cli`      — `serve`, `check-config`.
+//! - `server`   — builds the Pingora server: ports, upstream, store, services.
+//! - `gateway`  — the public listener (`ProxyHttp`): `path` (strict canonicalisation),
+//!   `route` (classification), `api` (queue handlers), `admin` (health, readiness, metrics).
+//! - `queue`    — pure domain: targets, positions, ETA, response JSON.
+//! - `store`    — `QueueStore` trait; `RedisStore` (Lua in `lua/`) and `MemoryStore`.
+//! - `token`    — entry token mint/verify (HMAC-SHA256, SPEC §6). No I/O.
+//! - `flag`     — queue flag and rollout bucket evaluation (SPEC §7). No I/O.
+//! - `metrics`  — Prometheus registry and families (SPEC §10).
+//! - `error`    — `ApiError` → status + JSON body.
+//! - `logging`  — tracing subscriber (text or JSON).
+//!
+//! # A request's path
+//! nginx-lb → Pingora listener → `Gateway::request_filter`: the path is canonicalised once
+//! (ambiguous spellings → 400) and classified. `/virtual-queues/**` is answered locally by
+//! `api::handle` over the `QueueStore`; everything else goes to `upstream_peer` (the backend,
+//! resolved once) unchanged. `logging` records one line and the metrics per request.
+
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod flag;
+pub mod gateway;
+pub mod logging;
+pub mod metrics;
+pub mod queue;
+pub mod server;
+pub mod store;
+pub mod token;

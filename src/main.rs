@@ -1,0 +1,63 @@
+//! The process lifecycle: parse the command line, load and validate the configuration (exit 64 on
+//! error), set up logging, read the token secret, build the server, run until SIGTERM/SIGINT.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use vq_gateway::cli::{Cli, Command};
+use vq_gateway::config::Config;
+use vq_gateway::{logging, server};
+
+/// `EX_USAGE`: the configuration or environment given to us is unusable.
+const EXIT_CONFIG: u8 = 64;
+/// `EX_UNAVAILABLE`: the server could not be started (port taken, upstream unresolvable).
+const EXIT_START: u8 = 69;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig { config } => match Config::load(&config) {
+            Ok(c) => {
+                println!("{}: OK\n{}", config.display(), c.summary());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{}: {e}", config.display());
+                ExitCode::from(EXIT_CONFIG)
+            }
+        },
+        Command::Serve { config } => {
+            let config = match Config::load(&config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("vq-gateway: {}: {e}", config.display());
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            logging::init(config.log_format);
+            let keys = match server::load_keys(&config) {
+                Ok(k) => k,
+                Err(e) => {
+                    eprintln!("vq-gateway: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            tracing::info!(
+                listen = %config.listen,
+                admin = %config.admin_listen,
+                upstream = %config.upstream,
+                "starting vq-gateway"
+            );
+            let built = match server::build(config, keys) {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("vq-gateway: {e}");
+                    return ExitCode::from(EXIT_START);
+                }
+            };
+            built.server.run(pingora::server::RunArgs::default());
+            tracing::info!("vq-gateway stopped");
+            ExitCode::SUCCESS
+        }
+    }
+}

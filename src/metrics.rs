@@ -1,0 +1,178 @@
+//! Prometheus metrics (SPEC §10), in one registry owned by the gateway and rendered on the admin
+//! listener's `/metrics`.
+//!
+//! Naming: gateway-level families are `vq_gateway_*`, queue families `virtual_queue_*`. Every
+//! label value comes from a bounded set (route classes, reasons, events, configured targets):
+//! never a raw path or user input.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+/// Latency buckets in seconds: local answers are sub-millisecond, proxied ones span the backend.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
+
+/// Admission wait buckets in seconds.
+const WAIT_BUCKETS: [f64; 12] = [
+    1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0,
+];
+
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// `vq_gateway_requests_total{route_class, status}`; status is the numeric code.
+    pub requests: IntCounterVec,
+    /// `vq_gateway_request_duration_seconds{route_class}`.
+    pub latency: HistogramVec,
+    /// `virtual_queue_tokens_total{target, event}`: issued, consumed, rejected.
+    pub tokens: IntCounterVec,
+    /// `virtual_queue_redis_degraded_total{op}`: store calls that failed open.
+    pub degraded: IntCounterVec,
+    /// `virtual_queue_wait_seconds{target}`: enter → admission, observed when the token is issued.
+    pub wait: HistogramVec,
+    /// `virtual_queue_entries_total{target, outcome}`: enter outcomes.
+    pub entries: IntCounterVec,
+    /// `vq_gateway_up`: 1 while the process serves.
+    pub up: IntGauge,
+    pub targets: std::sync::Arc<TargetLabels>,
+}
+
+impl Metrics {
+    pub fn new() -> Result<Metrics, prometheus::Error> {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "vq_gateway_requests_total",
+                "Requests by route class and status",
+            ),
+            &["route_class", "status"],
+        )?;
+        let latency = HistogramVec::new(
+            HistogramOpts::new(
+                "vq_gateway_request_duration_seconds",
+                "Request latency by route class, from request header to response end",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["route_class"],
+        )?;
+        let tokens = IntCounterVec::new(
+            Opts::new(
+                "virtual_queue_tokens_total",
+                "Entry tokens by target and event",
+            ),
+            &["target", "event"],
+        )?;
+        let degraded = IntCounterVec::new(
+            Opts::new(
+                "virtual_queue_redis_degraded_total",
+                "Store operations that failed and were answered fail-open",
+            ),
+            &["op"],
+        )?;
+        let wait = HistogramVec::new(
+            HistogramOpts::new(
+                "virtual_queue_wait_seconds",
+                "Time from entering the queue to receiving the entry token",
+            )
+            .buckets(WAIT_BUCKETS.to_vec()),
+            &["target"],
+        )?;
+        let entries = IntCounterVec::new(
+            Opts::new(
+                "virtual_queue_entries_total",
+                "Enter calls by target and outcome",
+            ),
+            &["target", "outcome"],
+        )?;
+        let up = IntGauge::new("vq_gateway_up", "1 while the gateway process serves")?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(latency.clone()))?;
+        registry.register(Box::new(tokens.clone()))?;
+        registry.register(Box::new(degraded.clone()))?;
+        registry.register(Box::new(wait.clone()))?;
+        registry.register(Box::new(entries.clone()))?;
+        registry.register(Box::new(up.clone()))?;
+        Ok(Metrics {
+            registry,
+            requests,
+            latency,
+            tokens,
+            degraded,
+            wait,
+            entries,
+            up,
+            targets: Default::default(),
+        })
+    }
+
+    /// The registry, for families added by other modules.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Prometheus text exposition of every family.
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::error!(error = %e, "encoding metrics failed");
+        }
+        out
+    }
+}
+
+/// How many distinct targets get a label of their own; later ones share `other`, since clients
+/// choose target ids and a label set must stay bounded.
+pub const MAX_TARGET_LABELS: usize = 256;
+
+/// Hands out target label values (`LIMITED_DROP:42`), at most `MAX_TARGET_LABELS` distinct ones.
+#[derive(Debug, Default)]
+pub struct TargetLabels {
+    seen: std::sync::Mutex<std::collections::HashSet<crate::queue::QueueTarget>>,
+}
+
+impl TargetLabels {
+    pub fn label(&self, target: crate::queue::QueueTarget) -> String {
+        let Ok(mut seen) = self.seen.lock() else {
+            return "other".into();
+        };
+        if seen.contains(&target) || seen.len() < MAX_TARGET_LABELS {
+            seen.insert(target);
+            target.to_string()
+        } else {
+            "other".into()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_registered_families() {
+        let m = Metrics::new().unwrap();
+        m.requests.with_label_values(&["proxy", "200"]).inc();
+        m.up.set(1);
+        let text = String::from_utf8(m.render()).unwrap();
+        assert!(text.contains("vq_gateway_requests_total{route_class=\"proxy\",status=\"200\"} 1"));
+        assert!(text.contains("vq_gateway_up 1"));
+    }
+
+    #[test]
+    fn target_labels_are_bounded() {
+        use crate::queue::{QueueTarget, TargetType};
+        let labels = TargetLabels::default();
+        for id in 1..=MAX_TARGET_LABELS as u64 {
+            assert_eq!(
+                labels.label(QueueTarget::new(TargetType::LimitedDrop, id)),
+                format!("LIMITED_DROP:{id}")
+            );
+        }
+        let extra = QueueTarget::new(TargetType::LimitedDrop, 99_999);
+        assert_eq!(labels.label(extra), "other");
+        let first = QueueTarget::new(TargetType::LimitedDrop, 1);
+        assert_eq!(labels.label(first), "LIMITED_DROP:1");
+    }
+}

@@ -1,0 +1,11 @@
+//! The queue domain: targets, positions, statuses and the JSON the API answers with.
+//!
+//! Everything here is pure (no I/O, no clock reads): stores and handlers pass the numbers in.
+
+mod position;
+mod status;
+mod target;
+
+pub use position::{eta_seconds, QueuePosition};
+pub use status::{EntryStatus, QueueEntryResponse, QueueStats, QueueStatsResponse};
+pub use target::{parse_positive_id, QueueTarget, TargetType};

@@ -1,0 +1,65 @@
+//! Where a waiting user stands: the fixed sequence number, the users ahead and the ETA.
+//!
+//! Admission is decided by the fixed `seq` against the target's `admitted_count`, never by rank
+//! (SPEC §4): users leaving ahead of you shorten your ETA but never admit you before the next tick.
+
+use std::time::Duration;
+
+/// A waiting user's place, computed from the store's numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueuePosition {
+    /// The user's fixed, 1-based sequence number.
+    pub seq: u64,
+    /// Live users ahead of this one (the rank in the waiting set).
+    pub ahead: u64,
+    /// The target's admission high-water mark.
+    pub admitted_count: u64,
+}
+
+impl QueuePosition {
+    pub fn is_admitted(&self) -> bool {
+        self.seq <= self.admitted_count
+    }
+}
+
+/// Estimated wait for a user with `ahead` live users in front: one batch of `batch_size` is admitted
+/// per `tick`, and the user's own batch is the one after the `ahead / batch_size` full batches in
+/// front. Never negative; saturates instead of overflowing.
+pub fn eta_seconds(ahead: u64, batch_size: u32, tick: Duration) -> u64 {
+    let batch = u64::from(batch_size.max(1));
+    let ticks = (ahead / batch).saturating_add(1);
+    let ms = u64::try_from(tick.as_millis()).unwrap_or(u64::MAX);
+    ticks.saturating_mul(ms).div_ceil(1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admitted_iff_seq_within_mark() {
+        let p = |seq, admitted_count| QueuePosition {
+            seq,
+            ahead: 0,
+            admitted_count,
+        };
+        assert!(p(5, 5).is_admitted());
+        assert!(p(1, 100).is_admitted());
+        assert!(!p(6, 5).is_admitted());
+        assert!(!p(1, 0).is_admitted());
+    }
+
+    #[test]
+    fn eta_counts_whole_batches_ahead_plus_own() {
+        let tick = Duration::from_millis(2000);
+        assert_eq!(eta_seconds(0, 100, tick), 2);
+        assert_eq!(eta_seconds(99, 100, tick), 2);
+        assert_eq!(eta_seconds(100, 100, tick), 4);
+        assert_eq!(eta_seconds(250, 100, tick), 6);
+        assert_eq!(eta_seconds(0, 100, Duration::from_millis(300)), 1);
+        assert_eq!(
+            eta_seconds(u64::MAX, 1, Duration::from_secs(3600)),
+            u64::MAX / 1000 + 1
+        );
+    }
+}

@@ -1,0 +1,185 @@
+//! What the API answers: `QueueEntryResponse` and `QueueStatsResponse`, field for field as SPEC §3
+//! (camelCase; fields that do not apply are present as `null`).
+
+use serde::Serialize;
+
+/// The outcome of an enter or a poll, before it is rendered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryStatus {
+    Waiting {
+        seq: u64,
+        ahead: u64,
+        eta_seconds: u64,
+    },
+    /// Admitted by the pump; `token` is the stored, idempotent entry token.
+    Admitted { token: String, expires_at: u64 },
+    /// Let through without queueing (flag off for this user, or the store failed open).
+    DirectAdmitted { token: String, expires_at: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueEntryResponse {
+    pub status: &'static str,
+    pub position: Option<u64>,
+    pub ahead_count: Option<u64>,
+    pub eta_seconds: Option<u64>,
+    pub entry_token: Option<String>,
+    pub token_expires_at: Option<String>,
+}
+
+impl From<EntryStatus> for QueueEntryResponse {
+    fn from(s: EntryStatus) -> Self {
+        let waiting = |seq, ahead, eta| QueueEntryResponse {
+            status: "WAITING",
+            position: Some(seq),
+            ahead_count: Some(ahead),
+            eta_seconds: Some(eta),
+            entry_token: None,
+            token_expires_at: None,
+        };
+        let with_token = |status, token, exp| QueueEntryResponse {
+            status,
+            position: None,
+            ahead_count: None,
+            eta_seconds: None,
+            entry_token: Some(token),
+            token_expires_at: Some(iso8601_utc(exp)),
+        };
+        match s {
+            EntryStatus::Waiting {
+                seq,
+                ahead,
+                eta_seconds,
+            } => waiting(seq, ahead, eta_seconds),
+            EntryStatus::Admitted { token, expires_at } => {
+                with_token("ADMITTED", token, expires_at)
+            }
+            EntryStatus::DirectAdmitted { token, expires_at } => {
+                with_token("DIRECT_ADMITTED", token, expires_at)
+            }
+        }
+    }
+}
+
+/// Cluster-wide figures as the store reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct QueueStats {
+    pub waiting_count: u64,
+    pub admitted_count: u64,
+    /// Users admitted over the recent sample window, per second.
+    pub admission_rate_per_sec: f64,
+    pub avg_wait_seconds: f64,
+    pub p95_wait_seconds: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatsResponse {
+    pub waiting_count: u64,
+    pub admitted_count: u64,
+    pub admission_rate_per_sec: f64,
+    pub avg_wait_seconds: f64,
+    pub p95_wait_seconds: f64,
+}
+
+impl From<QueueStats> for QueueStatsResponse {
+    fn from(s: QueueStats) -> Self {
+        let round = |x: f64| (x * 1000.0).round() / 1000.0;
+        QueueStatsResponse {
+            waiting_count: s.waiting_count,
+            admitted_count: s.admitted_count,
+            admission_rate_per_sec: round(s.admission_rate_per_sec),
+            avg_wait_seconds: round(s.avg_wait_seconds),
+            p95_wait_seconds: round(s.p95_wait_seconds),
+        }
+    }
+}
+
+/// `2026-07-09T10:00:00Z` for an epoch second (proleptic Gregorian, UTC).
+pub fn iso8601_utc(epoch_secs: u64) -> String {
+    let days = epoch_secs / 86_400;
+    let rem = epoch_secs % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), by 400-year eras of 146,097 days.
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iso_dates() {
+        assert_eq!(iso8601_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(iso8601_utc(1_783_591_200), "2026-07-09T10:00:00Z");
+        assert_eq!(iso8601_utc(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(iso8601_utc(4_107_542_399), "2100-02-28T23:59:59Z");
+    }
+
+    #[test]
+    fn waiting_json_has_every_field() {
+        let r: QueueEntryResponse = EntryStatus::Waiting {
+            seq: 17,
+            ahead: 16,
+            eta_seconds: 2,
+        }
+        .into();
+        let v = serde_json::to_value(r).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"status":"WAITING","position":17,"aheadCount":16,"etaSeconds":2,
+                "entryToken":null,"tokenExpiresAt":null})
+        );
+    }
+
+    #[test]
+    fn admitted_json_nulls_the_position() {
+        let r: QueueEntryResponse = EntryStatus::Admitted {
+            token: "t".into(),
+            expires_at: 1_783_591_200,
+        }
+        .into();
+        let v = serde_json::to_value(r).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"status":"ADMITTED","position":null,"aheadCount":null,"etaSeconds":null,
+                "entryToken":"t","tokenExpiresAt":"2026-07-09T10:00:00Z"})
+        );
+    }
+
+    #[test]
+    fn stats_json_is_camel_case() {
+        let v = serde_json::to_value(QueueStatsResponse::from(QueueStats {
+            waiting_count: 3,
+            admitted_count: 2,
+            admission_rate_per_sec: 50.0,
+            avg_wait_seconds: 1.23456,
+            p95_wait_seconds: 2.0,
+        }))
+        .unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"waitingCount":3,"admittedCount":2,"admissionRatePerSec":50.0,
+                "avgWaitSeconds":1.235,"p95WaitSeconds":2.0})
+        );
+    }
+}

@@ -1,0 +1,327 @@
+//! `MemoryStore`: the queue in process memory, the embedded default for a single gateway
+//! instance. Same semantics as the Redis scripts, including the sliding 30-minute expiry of idle
+//! targets; nothing is shared with other instances, so it must never back more than one replica.
+//!
+//! Ranks come from a Fenwick tree over seqs (O(log n) per enter, poll and leave), since seqs are
+//! handed out in order and removals happen anywhere.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use super::{
+    EnterOutcome, Now, PollOutcome, QueueStore, StoreError, TokenCandidate, RATE_WINDOW_MS,
+    TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
+};
+use crate::queue::{QueueStats, QueueTarget};
+
+/// A growable Fenwick (binary indexed) tree of 0/1 "still waiting" flags indexed by seq.
+#[derive(Debug, Default)]
+struct Fenwick {
+    /// 1-based; `tree[0]` is unused.
+    tree: Vec<i64>,
+}
+
+impl Fenwick {
+    fn len(&self) -> usize {
+        self.tree.len().saturating_sub(1)
+    }
+
+    /// Sum of flags at positions `1..=i`.
+    fn prefix(&self, mut i: usize) -> i64 {
+        let mut sum = 0;
+        i = i.min(self.len());
+        while i > 0 {
+            sum += self.tree.get(i).copied().unwrap_or(0);
+            i &= i - 1;
+        }
+        sum
+    }
+
+    /// Appends position `len + 1` with `value`.
+    fn push(&mut self, value: i64) {
+        if self.tree.is_empty() {
+            self.tree.push(0);
+        }
+        let i = self.tree.len();
+        let low = i & i.wrapping_neg();
+        // tree[i] covers (i - low, i]: the new value plus the already present (i - low, i - 1].
+        let node = value + self.prefix(i - 1) - self.prefix(i - low);
+        self.tree.push(node);
+    }
+
+    fn add(&mut self, mut i: usize, delta: i64) {
+        while i > 0 && i < self.tree.len() {
+            if let Some(n) = self.tree.get_mut(i) {
+                *n += delta;
+            }
+            i += i & i.wrapping_neg();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Waiter {
+    seq: u64,
+    heartbeat_ms: u64,
+    entered_ms: u64,
+}
+
+#[derive(Debug, Default)]
+struct TargetState {
+    seq: u64,
+    admitted_count: u64,
+    live: Fenwick,
+    waiting: HashMap<u64, Waiter>,
+    /// user → (expiresAt epoch s, token).
+    tokens: HashMap<u64, (u64, String)>,
+    waits_ms: VecDeque<u64>,
+    /// (ms, admitted_count) samples, newest last.
+    advances: VecDeque<(u64, u64)>,
+    last_write_ms: u64,
+}
+
+impl TargetState {
+    fn rank(&self, seq: u64) -> u64 {
+        let below = usize::try_from(seq.saturating_sub(1)).unwrap_or(usize::MAX);
+        u64::try_from(self.live.prefix(below)).unwrap_or(0)
+    }
+
+    fn token(&mut self, user: u64, now: Now) -> Option<(u64, String)> {
+        match self.tokens.get(&user) {
+            Some((exp, _)) if exp.saturating_mul(1000) <= now.epoch_ms => {
+                self.tokens.remove(&user);
+                None
+            }
+            other => other.cloned(),
+        }
+    }
+
+    fn remove_waiter(&mut self, user: u64) -> Option<Waiter> {
+        let w = self.waiting.remove(&user)?;
+        if let Ok(i) = usize::try_from(w.seq) {
+            self.live.add(i, -1);
+        }
+        Some(w)
+    }
+}
+
+/// The embedded single-instance store.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    targets: Mutex<HashMap<QueueTarget, TargetState>>,
+}
+
+impl MemoryStore {
+    pub fn new() -> MemoryStore {
+        tracing::warn!(
+            "store backend is `memory`: queue state lives in this process only; run a single \
+             gateway instance, or use the redis backend for replicas"
+        );
+        MemoryStore::default()
+    }
+
+    /// Runs `f` on the target's state, first dropping it if it has been idle past the key TTL
+    /// (as Redis would have expired its keys).
+    fn with_target<R>(
+        &self,
+        target: QueueTarget,
+        now: Now,
+        f: impl FnOnce(&mut TargetState) -> R,
+    ) -> Result<R, StoreError> {
+        let mut targets = self
+            .targets
+            .lock()
+            .map_err(|_| StoreError::Protocol("memory store lock poisoned".into()))?;
+        let expired = targets.get(&target).is_some_and(|t| {
+            now.epoch_ms.saturating_sub(t.last_write_ms) > TARGET_KEY_TTL_SECS * 1000
+        });
+        if expired {
+            targets.remove(&target);
+        }
+        Ok(f(targets.entry(target).or_default()))
+    }
+}
+
+#[async_trait]
+impl QueueStore for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn enter(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        now: Now,
+        capacity: u64,
+    ) -> Result<EnterOutcome, StoreError> {
+        self.with_target(target, now, |t| {
+            if let Some((expires_at, token)) = t.token(user, now) {
+                return EnterOutcome::Admitted { token, expires_at };
+            }
+            if let Some(seq) = t.waiting.get_mut(&user).map(|w| {
+                w.heartbeat_ms = now.epoch_ms;
+                w.seq
+            }) {
+                t.last_write_ms = now.epoch_ms;
+                return EnterOutcome::Waiting {
+                    seq,
+                    ahead: t.rank(seq),
+                };
+            }
+            let waiting = t.waiting.len() as u64;
+            if waiting >= capacity {
+                return EnterOutcome::Full;
+            }
+            t.seq += 1;
+            let seq = t.seq;
+            t.live.push(1);
+            t.waiting.insert(
+                user,
+                Waiter {
+                    seq,
+                    heartbeat_ms: now.epoch_ms,
+                    entered_ms: now.epoch_ms,
+                },
+            );
+            t.last_write_ms = now.epoch_ms;
+            EnterOutcome::Waiting {
+                seq,
+                ahead: waiting,
+            }
+        })
+    }
+
+    async fn poll(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        now: Now,
+        candidate: &TokenCandidate,
+    ) -> Result<PollOutcome, StoreError> {
+        self.with_target(target, now, |t| {
+            if let Some((expires_at, token)) = t.token(user, now) {
+                return PollOutcome::Admitted { token, expires_at };
+            }
+            let Some(seq) = t.waiting.get(&user).map(|w| w.seq) else {
+                return PollOutcome::NotInQueue;
+            };
+            t.last_write_ms = now.epoch_ms;
+            if seq <= t.admitted_count {
+                if let Some(w) = t.remove_waiter(user) {
+                    t.waits_ms
+                        .push_front(now.epoch_ms.saturating_sub(w.entered_ms));
+                    t.waits_ms.truncate(WAIT_SAMPLES);
+                }
+                t.tokens
+                    .insert(user, (candidate.expires_at, candidate.token.clone()));
+                return PollOutcome::Admitted {
+                    token: candidate.token.clone(),
+                    expires_at: candidate.expires_at,
+                };
+            }
+            if let Some(w) = t.waiting.get_mut(&user) {
+                w.heartbeat_ms = now.epoch_ms;
+            }
+            PollOutcome::Waiting {
+                seq,
+                ahead: t.rank(seq),
+            }
+        })
+    }
+
+    async fn leave(&self, target: QueueTarget, user: u64) -> Result<(), StoreError> {
+        let mut targets = self
+            .targets
+            .lock()
+            .map_err(|_| StoreError::Protocol("memory store lock poisoned".into()))?;
+        if let Some(t) = targets.get_mut(&target) {
+            t.remove_waiter(user);
+            t.tokens.remove(&user);
+        }
+        Ok(())
+    }
+
+    async fn stats(&self, target: QueueTarget, now: Now) -> Result<QueueStats, StoreError> {
+        self.with_target(target, now, |t| {
+            let window: Vec<&(u64, u64)> = t
+                .advances
+                .iter()
+                .filter(|(ms, _)| now.epoch_ms.saturating_sub(*ms) <= RATE_WINDOW_MS)
+                .collect();
+            let rate = match (window.first(), window.last()) {
+                (Some((t0, c0)), Some((t1, c1))) if t1 > t0 => {
+                    c1.saturating_sub(*c0) as f64 * 1000.0 / (t1 - t0) as f64
+                }
+                _ => 0.0,
+            };
+            let mut waits: Vec<u64> = t.waits_ms.iter().copied().collect();
+            waits.sort_unstable();
+            let (avg, p95) = if waits.is_empty() {
+                (0.0, 0.0)
+            } else {
+                let n = waits.len();
+                let sum: u64 = waits.iter().sum();
+                let idx = ((n as f64 * 0.95).ceil() as usize).clamp(1, n) - 1;
+                let p95 = waits.get(idx).copied().unwrap_or(0);
+                (sum as f64 / n as f64 / 1000.0, p95 as f64 / 1000.0)
+            };
+            QueueStats {
+                waiting_count: t.waiting.len() as u64,
+                admitted_count: t.admitted_count,
+                admission_rate_per_sec: (rate * 1000.0).round() / 1000.0,
+                avg_wait_seconds: (avg * 1000.0).round() / 1000.0,
+                p95_wait_seconds: (p95 * 1000.0).round() / 1000.0,
+            }
+        })
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fenwick_prefix_sums_follow_pushes_and_removals() {
+        let mut f = Fenwick::default();
+        for _ in 0..100 {
+            f.push(1);
+        }
+        assert_eq!(f.prefix(0), 0);
+        assert_eq!(f.prefix(37), 37);
+        assert_eq!(f.prefix(100), 100);
+        f.add(5, -1);
+        f.add(64, -1);
+        assert_eq!(f.prefix(4), 4);
+        assert_eq!(f.prefix(5), 4);
+        assert_eq!(f.prefix(70), 68);
+        f.push(1);
+        assert_eq!(f.prefix(101), 99);
+        assert_eq!(f.prefix(1000), 99);
+    }
+
+    #[test]
+    fn fenwick_matches_a_naive_count() {
+        let mut f = Fenwick::default();
+        let mut flags = Vec::new();
+        for i in 0..500u64 {
+            f.push(1);
+            flags.push(1i64);
+            if i % 3 == 0 {
+                let j = (i * 7 % (i + 1)) as usize;
+                if flags[j] == 1 {
+                    flags[j] = 0;
+                    f.add(j + 1, -1);
+                }
+            }
+            let k = (i as usize * 13) % flags.len() + 1;
+            assert_eq!(f.prefix(k), flags[..k].iter().sum::<i64>());
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! `RedisStore`: all queue state in Redis (SPEC §9), shared by every gateway replica.
+//!
+//! Scripts run with `EVALSHA`, sent as a custom command through `with_options` so the per-call
+//! timeout and fail-fast options apply (fred 10 ignores options on its typed `evalsha`); a
+//! `NOSCRIPT` reply (a restarted or flushed Redis) loads the script and retries once, never
+//! reaching the caller. Every call is bounded by `command_timeout`; a disconnected client fails at
+//! once instead of queueing.
+//!
+//! fred spawns its connection task on the runtime that calls `connect`, so `connect` is called
+//! from a Pingora background service (`run_connection`) whose runtime lives as long as the server.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use fred::prelude::*;
+use fred::types::config::Options;
+use fred::types::{ClusterHash, CustomCommand};
+
+use super::scripts::{Script, Scripts, TargetKeys, ACTIVE_KEY};
+use super::{
+    EnterOutcome, Now, PollOutcome, QueueStore, StoreError, TokenCandidate, RATE_WINDOW_MS,
+    TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
+};
+use crate::queue::{QueueStats, QueueTarget};
+
+/// How often one instance re-adds a target it serves to `queue:active` (the pump drops targets
+/// whose keys expired, so a live target must be re-registered now and then).
+const ACTIVE_REFRESH: Duration = Duration::from_secs(10);
+
+pub struct RedisStore {
+    client: Client,
+    options: Options,
+    scripts: Scripts,
+    registered: Mutex<HashMap<QueueTarget, Instant>>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore").finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Builds the client without connecting; see `run_connection`.
+    pub fn new(url: &str, command_timeout: Duration) -> Result<RedisStore, StoreError> {
+        let config = Config::from_url(url)
+            .map_err(|e| StoreError::Protocol(format!("bad redis url: {}", e.details())))?;
+        let client = Builder::from_config(config)
+            .with_performance_config(|p| p.default_command_timeout = command_timeout)
+            .with_connection_config(|c| {
+                c.connection_timeout = Duration::from_millis(500);
+                c.internal_command_timeout = Duration::from_millis(500);
+                c.max_command_attempts = 1;
+            })
+            // Reconnect forever, at most every 250 ms, so the store comes back by itself.
+            .set_policy(ReconnectPolicy::new_constant(0, 250))
+            .build()
+            .map_err(|e| StoreError::Protocol(e.details().to_string()))?;
+        let options = Options {
+            timeout: Some(command_timeout),
+            fail_fast: true,
+            max_attempts: Some(1),
+            ..Default::default()
+        };
+        Ok(RedisStore {
+            client,
+            options,
+            scripts: Scripts::load(),
+            registered: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Connects and keeps the connection task alive until `shutdown` resolves. Call it from a
+    /// long-lived runtime.
+    pub async fn run_connection(&self, shutdown: impl std::future::Future<Output = ()>) {
+        let _task = self.client.connect();
+        let preload = async {
+            // Scripts are also loaded on demand (NOSCRIPT); loading them up front keeps the first
+            // requests after start from paying for it.
+            if self.client.wait_for_connect().await.is_ok() {
+                self.load_scripts().await;
+            }
+            std::future::pending::<()>().await
+        };
+        tokio::select! {
+            _ = shutdown => {}
+            _ = preload => {}
+        }
+        let _ = self.client.quit().await;
+    }
+
+    async fn load_scripts(&self) {
+        for script in self.scripts.all() {
+            let loaded = self
+                .command("SCRIPT", vec!["LOAD".into(), script.source.into()])
+                .await;
+            if let Err(e) = loaded {
+                tracing::warn!(script = script.name, error = %e.details(), "loading a script failed; it loads on first use");
+            }
+        }
+    }
+
+    /// The raw client, for operations outside the queue scripts (flag, tests).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    async fn command(&self, name: &'static str, args: Vec<Value>) -> Result<Value, Error> {
+        self.client
+            .with_options(&self.options)
+            .custom(
+                CustomCommand::new_static(name, ClusterHash::FirstKey, false),
+                args,
+            )
+            .await
+    }
+
+    async fn eval(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        argv: Vec<Value>,
+    ) -> Result<Value, StoreError> {
+        let mut args: Vec<Value> = Vec::with_capacity(2 + keys.len() + argv.len());
+        args.push(script.sha.as_str().into());
+        args.push(Value::Integer(keys.len() as i64));
+        args.extend(keys.into_iter().map(Value::from));
+        args.extend(argv);
+        match self.command("EVALSHA", args.clone()).await {
+            Err(e) if e.details().starts_with("NOSCRIPT") => {
+                self.command("SCRIPT", vec!["LOAD".into(), script.source.into()])
+                    .await
+                    .map_err(unavailable)?;
+                self.command("EVALSHA", args).await.map_err(unavailable)
+            }
+            other => other.map_err(unavailable),
+        }
+    }
+
+    /// Adds the target to `queue:active` at most every `ACTIVE_REFRESH` per instance.
+    async fn register(&self, target: QueueTarget) -> Result<(), StoreError> {
+        let due = {
+            let mut seen = self
+                .registered
+                .lock()
+                .map_err(|_| StoreError::Protocol("registry lock poisoned".into()))?;
+            let now = Instant::now();
+            match seen.get(&target) {
+                Some(at) if now.duration_since(*at) < ACTIVE_REFRESH => false,
+                _ => {
+                    seen.insert(target, now);
+                    true
+                }
+            }
+        };
+        if due {
+            let r = self
+                .command("SADD", vec![ACTIVE_KEY.into(), target.to_string().into()])
+                .await;
+            if let Err(e) = r {
+                if let Ok(mut seen) = self.registered.lock() {
+                    seen.remove(&target);
+                }
+                return Err(unavailable(e));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn unavailable(e: Error) -> StoreError {
+    StoreError::Unavailable(e.details().to_string())
+}
+
+fn protocol(what: &str, v: &Value) -> StoreError {
+    StoreError::Protocol(format!("{what}: {v:?}"))
+}
+
+fn reply_array(v: Value, what: &str) -> Result<Vec<Value>, StoreError> {
+    match v {
+        Value::Array(items) => Ok(items),
+        other => Err(protocol(what, &other)),
+    }
+}
+
+fn as_u64(v: &Value, what: &str) -> Result<u64, StoreError> {
+    match v {
+        Value::Integer(i) => u64::try_from(*i).map_err(|_| protocol(what, v)),
+        _ => v
+            .as_str()
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| protocol(what, v)),
+    }
+}
+
+fn as_f64(v: &Value, what: &str) -> Result<f64, StoreError> {
+    v.as_str()
+        .and_then(|s| s.parse::<f64>().ok())
+        .ok_or_else(|| protocol(what, v))
+}
+
+fn tag(items: &[Value]) -> String {
+    items
+        .first()
+        .and_then(|v| v.as_str().map(|s| s.into_owned()))
+        .unwrap_or_default()
+}
+
+/// `expiresAt|token`, the stored token value.
+fn stored_token(v: Option<&Value>) -> Result<(String, u64), StoreError> {
+    let s = v
+        .and_then(|v| v.as_string())
+        .ok_or_else(|| StoreError::Protocol("token reply missing".into()))?;
+    let (exp, token) = s
+        .split_once('|')
+        .ok_or_else(|| StoreError::Protocol("stored token without expiry".into()))?;
+    let exp = exp
+        .parse::<u64>()
+        .map_err(|_| StoreError::Protocol("stored token expiry not a number".into()))?;
+    Ok((token.to_string(), exp))
+}
+
+fn waiting_reply(items: &[Value]) -> Result<(u64, u64), StoreError> {
+    match (items.get(1), items.get(2)) {
+        (Some(seq), Some(rank)) => Ok((as_u64(seq, "seq")?, as_u64(rank, "rank")?)),
+        _ => Err(StoreError::Protocol("short WAITING reply".into())),
+    }
+}
+
+const KEY_TTL_MS: u64 = TARGET_KEY_TTL_SECS * 1000;
+
+#[async_trait]
+impl QueueStore for RedisStore {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn enter(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        now: Now,
+        capacity: u64,
+    ) -> Result<EnterOutcome, StoreError> {
+        let keys = TargetKeys::new(target).queue_keys(user);
+        let argv = vec![
+            user.to_string().into(),
+            now.epoch_ms.to_string().into(),
+            capacity.to_string().into(),
+            KEY_TTL_MS.to_string().into(),
+        ];
+        let items = reply_array(self.eval(&self.scripts.enter, keys, argv).await?, "enter")?;
+        let outcome = match tag(&items).as_str() {
+            "WAITING" => {
+                let (seq, ahead) = waiting_reply(&items)?;
+                EnterOutcome::Waiting { seq, ahead }
+            }
+            "ADMITTED" => {
+                let (token, expires_at) = stored_token(items.get(1))?;
+                EnterOutcome::Admitted { token, expires_at }
+            }
+            "FULL" => EnterOutcome::Full,
+            _ => return Err(StoreError::Protocol("unknown enter reply".into())),
+        };
+        if matches!(outcome, EnterOutcome::Waiting { .. }) {
+            self.register(target).await?;
+        }
+        Ok(outcome)
+    }
+
+    async fn poll(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        now: Now,
+        candidate: &TokenCandidate,
+    ) -> Result<PollOutcome, StoreError> {
+        let keys = TargetKeys::new(target).queue_keys(user);
+        let token_ttl = candidate
+            .expires_at
+            .saturating_sub(now.epoch_ms / 1000)
+            .max(1);
+        let argv = vec![
+            user.to_string().into(),
+            now.epoch_ms.to_string().into(),
+            format!("{}|{}", candidate.expires_at, candidate.token).into(),
+            token_ttl.to_string().into(),
+            KEY_TTL_MS.to_string().into(),
+            WAIT_SAMPLES.to_string().into(),
+        ];
+        let items = reply_array(self.eval(&self.scripts.poll, keys, argv).await?, "poll")?;
+        match tag(&items).as_str() {
+            "WAITING" => {
+                let (seq, ahead) = waiting_reply(&items)?;
+                Ok(PollOutcome::Waiting { seq, ahead })
+            }
+            "ADMITTED" => {
+                let (token, expires_at) = stored_token(items.get(1))?;
+                Ok(PollOutcome::Admitted { token, expires_at })
+            }
+            "NONE" => Ok(PollOutcome::NotInQueue),
+            _ => Err(StoreError::Protocol("unknown poll reply".into())),
+        }
+    }
+
+    async fn leave(&self, target: QueueTarget, user: u64) -> Result<(), StoreError> {
+        let k = TargetKeys::new(target);
+        let keys = vec![
+            k.key("waiting"),
+            k.key("heartbeat"),
+            k.key("entered"),
+            k.token(user),
+        ];
+        self.eval(&self.scripts.leave, keys, vec![user.to_string().into()])
+            .await?;
+        Ok(())
+    }
+
+    async fn stats(&self, target: QueueTarget, now: Now) -> Result<QueueStats, StoreError> {
+        let k = TargetKeys::new(target);
+        let keys = vec![
+            k.key("waiting"),
+            k.key("admitted_count"),
+            k.key("waits"),
+            k.key("advances"),
+        ];
+        let argv = vec![
+            now.epoch_ms.to_string().into(),
+            RATE_WINDOW_MS.to_string().into(),
+        ];
+        let items = reply_array(self.eval(&self.scripts.stats, keys, argv).await?, "stats")?;
+        let get = |i: usize| {
+            items
+                .get(i)
+                .ok_or_else(|| StoreError::Protocol("short stats reply".into()))
+        };
+        Ok(QueueStats {
+            waiting_count: as_u64(get(0)?, "waitingCount")?,
+            admitted_count: as_u64(get(1)?, "admittedCount")?,
+            admission_rate_per_sec: as_f64(get(2)?, "rate")?,
+            avg_wait_seconds: as_f64(get(3)?, "avgWait")?,
+            p95_wait_seconds: as_f64(get(4)?, "p95Wait")?,
+        })
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.command("PING", vec![]).await.map_err(unavailable)?;
+        Ok(())
+    }
+}

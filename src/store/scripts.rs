@@ -1,0 +1,125 @@
+//! The Lua scripts of `lua/`, compiled in and registered in one place, and the Redis key names
+//! they run on (SPEC §9).
+//!
+//! Every per-target key carries the `{TYPE:ID}` hash tag so a script touches one cluster slot.
+
+use crate::queue::QueueTarget;
+
+/// One script: its source and the SHA1 that `EVALSHA` names it by.
+#[derive(Debug)]
+pub struct Script {
+    pub name: &'static str,
+    pub source: &'static str,
+    pub sha: String,
+}
+
+impl Script {
+    fn new(name: &'static str, source: &'static str) -> Script {
+        Script {
+            name,
+            source,
+            sha: fred::util::sha1_hash(source),
+        }
+    }
+}
+
+/// All scripts the Redis store runs.
+#[derive(Debug)]
+pub struct Scripts {
+    pub enter: Script,
+    pub poll: Script,
+    pub leave: Script,
+    pub stats: Script,
+}
+
+impl Scripts {
+    pub fn load() -> Scripts {
+        Scripts {
+            enter: Script::new("enter", include_str!("../../lua/enter.lua")),
+            poll: Script::new("poll", include_str!("../../lua/poll.lua")),
+            leave: Script::new("leave", include_str!("../../lua/leave.lua")),
+            stats: Script::new("stats", include_str!("../../lua/stats.lua")),
+        }
+    }
+
+    pub fn all(&self) -> [&Script; 4] {
+        [&self.enter, &self.poll, &self.leave, &self.stats]
+    }
+}
+
+/// The set of targets the pump visits (written outside the per-target scripts).
+pub const ACTIVE_KEY: &str = "queue:active";
+
+/// Key names of one target.
+#[derive(Debug, Clone)]
+pub struct TargetKeys {
+    prefix: String,
+}
+
+impl TargetKeys {
+    pub fn new(target: QueueTarget) -> TargetKeys {
+        TargetKeys {
+            prefix: format!("queue:{{{target}}}:"),
+        }
+    }
+
+    pub fn key(&self, suffix: &str) -> String {
+        format!("{}{suffix}", self.prefix)
+    }
+
+    pub fn token(&self, user: u64) -> String {
+        format!("{}token:{user}", self.prefix)
+    }
+
+    /// KEYS[1..7] of enter.lua and poll.lua; every write refreshes the TTL of all seven together so
+    /// that no key of a target outlives the others.
+    pub fn queue_keys(&self, user: u64) -> Vec<String> {
+        vec![
+            self.key("waiting"),
+            self.key("heartbeat"),
+            self.key("seq"),
+            self.key("admitted_count"),
+            self.key("entered"),
+            self.key("waits"),
+            self.key("advances"),
+            self.token(user),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::TargetType;
+
+    #[test]
+    fn keys_carry_the_hash_tag() {
+        let k = TargetKeys::new(QueueTarget::new(TargetType::LimitedDrop, 42));
+        assert_eq!(k.key("waiting"), "queue:{LIMITED_DROP:42}:waiting");
+        assert_eq!(k.token(1001), "queue:{LIMITED_DROP:42}:token:1001");
+    }
+
+    #[test]
+    fn scripts_have_headers_and_distinct_shas() {
+        let s = Scripts::load();
+        let all = s.all();
+        for sc in all {
+            assert!(
+                sc.source.starts_with("#!lua"),
+                "{} lacks the #!lua shebang",
+                sc.name
+            );
+            assert!(
+                sc.source.contains("KEYS[1]"),
+                "{} lacks its KEYS header",
+                sc.name
+            );
+            assert_eq!(sc.sha.len(), 40);
+        }
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                assert_ne!(a.sha, b.sha);
+            }
+        }
+    }
+}
