@@ -1,0 +1,233 @@
+//! The test harness: real processes on ephemeral ports, cleaned up on `Drop`.
+//!
+//! - `RedisServer`: a private `redis-server` (never the machine's 6379) that a test can kill,
+//!   pause (SIGSTOP), resume and restart, with a tiny RESP client for assertions.
+//! - `Upstream`: a real HTTP/1.1 backend that records every request it receives.
+//! - `GatewayProc`: the real `vq-gateway` binary, configured from a `ConfigFile` built in code.
+//! - `Client`: a raw HTTP/1.1 client, so tests control every byte and see connection reuse.
+//!
+//! Waits poll with deadlines; nothing sleeps for a fixed time to "let things settle".
+
+#![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
+
+pub mod http;
+pub mod redis;
+pub mod upstream;
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub use self::http::{Client, Response};
+pub use self::redis::{RedisServer, Resp};
+pub use self::upstream::{Recorded, Upstream};
+pub use vq_gateway::config::ConfigFile;
+
+pub const TEST_SECRET: &str = "test-secret-0123456789abcdef-0123456789";
+
+/// A port that was free a moment ago (bound to port 0, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `f` until it returns true or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A fresh private directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "vq-test-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_vq-gateway")
+}
+
+/// A config for tests: ephemeral ports, the given upstream, short timeouts, the queue on.
+pub fn test_config(upstream: SocketAddr) -> ConfigFile {
+    let mut f = ConfigFile::default();
+    f.server.listen = format!("127.0.0.1:{}", free_port());
+    f.server.admin_listen = format!("127.0.0.1:{}", free_port());
+    f.server.grace_period_s = 1;
+    f.server.threads = 2;
+    f.upstream.address = upstream.to_string();
+    f.upstream.connect_timeout_ms = 500;
+    f.upstream.read_timeout_ms = 5_000;
+    f.flag.enabled = true;
+    f
+}
+
+/// A running gateway process.
+pub struct GatewayProc {
+    child: Child,
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub dir: TempDir,
+    pub config: ConfigFile,
+}
+
+impl GatewayProc {
+    /// Starts the gateway with the test secret and waits until both listeners answer.
+    pub fn start(config: ConfigFile) -> GatewayProc {
+        GatewayProc::start_with_env(config, &[("VQ_TOKEN_SECRET", TEST_SECRET)])
+    }
+
+    pub fn start_with_env(config: ConfigFile, env: &[(&str, &str)]) -> GatewayProc {
+        let dir = TempDir::new("gw");
+        let path = dir.0.join("gateway.toml");
+        std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
+        let log = std::fs::File::create(dir.0.join("gateway.log")).unwrap();
+        let mut cmd = Command::new(bin());
+        cmd.args(["serve", "--config"])
+            .arg(&path)
+            .env_remove("VQ_TOKEN_SECRET")
+            .env_remove("VQ_TOKEN_SECRET_PREVIOUS")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        let mut gw = GatewayProc {
+            child,
+            listen: config.server.listen.parse().unwrap(),
+            admin: config.server.admin_listen.parse().unwrap(),
+            dir,
+            config,
+        };
+        let up = wait_until(Duration::from_secs(15), || {
+            if let Ok(Some(status)) = gw.child.try_wait() {
+                panic!("gateway exited early with {status}:\n{}", gw.log());
+            }
+            TcpStream::connect(gw.listen).is_ok()
+                && Client::connect(gw.admin)
+                    .get("/healthz", &[])
+                    .is_ok_and(|r| r.status == 200)
+        });
+        assert!(up, "gateway did not come up:\n{}", gw.log());
+        gw
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(self.listen)
+    }
+
+    pub fn admin_client(&self) -> Client {
+        Client::connect(self.admin)
+    }
+
+    pub fn metrics(&self) -> String {
+        let r = self.admin_client().get("/metrics", &[]).unwrap();
+        String::from_utf8(r.body).unwrap()
+    }
+
+    /// Everything the process logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.0.join("gateway.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    /// Waits for the process to exit, returning its exit code (None when killed by a signal).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<Option<i32>> {
+        let mut code = None;
+        wait_until(timeout, || match self.child.try_wait() {
+            Ok(Some(s)) => {
+                code = Some(s.code());
+                true
+            }
+            _ => false,
+        });
+        code
+    }
+}
+
+impl Drop for GatewayProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the binary to completion (for commands expected to exit), with a timeout.
+pub fn run_bin(
+    args: &[&str],
+    env: &[(&str, &str)],
+    timeout: Duration,
+) -> (Option<i32>, String, String) {
+    let dir = TempDir::new("run");
+    let out = dir.0.join("out");
+    let err = dir.0.join("err");
+    let mut cmd = Command::new(bin());
+    cmd.args(args)
+        .env_remove("VQ_TOKEN_SECRET")
+        .env_remove("VQ_TOKEN_SECRET_PREVIOUS")
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut code = None;
+    let exited = wait_until(timeout, || match child.try_wait() {
+        Ok(Some(s)) => {
+            code = s.code();
+            true
+        }
+        _ => false,
+    });
+    if !exited {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    (
+        code,
+        std::fs::read_to_string(out).unwrap_or_default(),
+        std::fs::read_to_string(err).unwrap_or_default(),
+    )
+}
