@@ -10,6 +10,7 @@
 //! - `store`    — `QueueStore` trait; `RedisStore` (Lua in `lua/`) and `MemoryStore`.
 //! - `token`    — entry token mint/verify (HMAC-SHA256, SPEC §6). No I/O.
 //! - `flag`     — queue flag and rollout bucket evaluation (SPEC §7). No I/O.
+//! - `pump`     — admission pump background service: lock, advance, sweep (SPEC §5).
 //! - `metrics`  — Prometheus registry and families (SPEC §10).
 //! - `error`    — `ApiError` → status + JSON body.
 //! - `logging`  — tracing subscriber (text or JSON).
@@ -27,6 +28,7 @@ pub mod flag;
 pub mod gateway;
 pub mod logging;
 pub mod metrics;
+pub mod pump;
 pub mod queue;
 pub mod server;
 pub mod store;

@@ -6,7 +6,8 @@
 //! never a raw path or user input.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Latency buckets in seconds: local answers are sub-millisecond, proxied ones span the backend.
@@ -34,6 +35,14 @@ pub struct Metrics {
     pub wait: HistogramVec,
     /// `virtual_queue_entries_total{target, outcome}`: enter outcomes.
     pub entries: IntCounterVec,
+    /// `virtual_queue_admitted_total{target}`: live users admitted by the pump.
+    pub admitted: IntCounterVec,
+    /// `virtual_queue_evicted_total{target}`: waiting users evicted for a stale heartbeat.
+    pub evicted: IntCounterVec,
+    /// `virtual_queue_length{target}`: users in the waiting set, as of this instance's last tick.
+    pub length: IntGaugeVec,
+    /// `virtual_queue_pump_leader`: targets whose pump lock this instance held at its last tick.
+    pub leader: IntGauge,
     /// `vq_gateway_up`: 1 while the process serves.
     pub up: IntGauge,
     pub targets: std::sync::Arc<TargetLabels>,
@@ -86,7 +95,36 @@ impl Metrics {
             ),
             &["target", "outcome"],
         )?;
+        let admitted = IntCounterVec::new(
+            Opts::new(
+                "virtual_queue_admitted_total",
+                "Live users admitted by the pump",
+            ),
+            &["target"],
+        )?;
+        let evicted = IntCounterVec::new(
+            Opts::new(
+                "virtual_queue_evicted_total",
+                "Waiting users evicted because their heartbeat went stale",
+            ),
+            &["target"],
+        )?;
+        let length = IntGaugeVec::new(
+            Opts::new(
+                "virtual_queue_length",
+                "Users in the waiting set of a target",
+            ),
+            &["target"],
+        )?;
+        let leader = IntGauge::new(
+            "virtual_queue_pump_leader",
+            "Targets whose pump lock this instance held at its last tick",
+        )?;
         let up = IntGauge::new("vq_gateway_up", "1 while the gateway process serves")?;
+        registry.register(Box::new(admitted.clone()))?;
+        registry.register(Box::new(evicted.clone()))?;
+        registry.register(Box::new(length.clone()))?;
+        registry.register(Box::new(leader.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(tokens.clone()))?;
@@ -102,6 +140,10 @@ impl Metrics {
             degraded,
             wait,
             entries,
+            admitted,
+            evicted,
+            length,
+            leader,
             up,
             targets: Default::default(),
         })

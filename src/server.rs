@@ -157,6 +157,11 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     admin.threads = Some(1);
     server.add_service(admin);
 
+    server.add_service(background_service(
+        "admission pump",
+        crate::pump::Pump::new(state.clone()),
+    ));
+
     if let Some(store) = redis_store {
         server.add_service(background_service(
             "redis connection",

@@ -5,14 +5,15 @@
 //! Ranks come from a Fenwick tree over seqs (O(log n) per enter, poll and leave), since seqs are
 //! handed out in order and removals happen anywhere.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
 use super::{
-    EnterOutcome, Now, PollOutcome, QueueStore, StoreError, TokenCandidate, RATE_WINDOW_MS,
-    TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
+    Advance, AdvanceOutcome, EnterOutcome, Now, PollOutcome, QueueStore, StoreError,
+    TokenCandidate, ADVANCE_SAMPLES, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
 };
 use crate::queue::{QueueStats, QueueTarget};
 
@@ -51,6 +52,32 @@ impl Fenwick {
         self.tree.push(node);
     }
 
+    /// The smallest position whose prefix sum reaches `k` (the k-th set flag), if any.
+    fn find(&self, mut k: i64) -> Option<usize> {
+        if k <= 0 {
+            return None;
+        }
+        let n = self.len();
+        let mut pos = 0;
+        let mut step = if n == 0 {
+            0
+        } else {
+            1 << (usize::BITS - 1 - n.leading_zeros())
+        };
+        while step > 0 {
+            let next = pos + step;
+            if next <= n {
+                let v = self.tree.get(next).copied().unwrap_or(0);
+                if v < k {
+                    pos = next;
+                    k -= v;
+                }
+            }
+            step >>= 1;
+        }
+        (pos < n).then_some(pos + 1)
+    }
+
     fn add(&mut self, mut i: usize, delta: i64) {
         while i > 0 && i < self.tree.len() {
             if let Some(n) = self.tree.get_mut(i) {
@@ -74,6 +101,9 @@ struct TargetState {
     admitted_count: u64,
     live: Fenwick,
     waiting: HashMap<u64, Waiter>,
+    /// (last heartbeat ms, user), oldest first, for eviction.
+    by_heartbeat: BTreeSet<(u64, u64)>,
+    last_advance: Option<Instant>,
     /// user → (expiresAt epoch s, token).
     tokens: HashMap<u64, (u64, String)>,
     waits_ms: VecDeque<u64>,
@@ -98,8 +128,17 @@ impl TargetState {
         }
     }
 
+    fn heartbeat(&mut self, user: u64, now_ms: u64) {
+        if let Some(w) = self.waiting.get_mut(&user) {
+            self.by_heartbeat.remove(&(w.heartbeat_ms, user));
+            w.heartbeat_ms = now_ms;
+            self.by_heartbeat.insert((now_ms, user));
+        }
+    }
+
     fn remove_waiter(&mut self, user: u64) -> Option<Waiter> {
         let w = self.waiting.remove(&user)?;
+        self.by_heartbeat.remove(&(w.heartbeat_ms, user));
         if let Ok(i) = usize::try_from(w.seq) {
             self.live.add(i, -1);
         }
@@ -161,10 +200,8 @@ impl QueueStore for MemoryStore {
             if let Some((expires_at, token)) = t.token(user, now) {
                 return EnterOutcome::Admitted { token, expires_at };
             }
-            if let Some(seq) = t.waiting.get_mut(&user).map(|w| {
-                w.heartbeat_ms = now.epoch_ms;
-                w.seq
-            }) {
+            if let Some(seq) = t.waiting.get(&user).map(|w| w.seq) {
+                t.heartbeat(user, now.epoch_ms);
                 t.last_write_ms = now.epoch_ms;
                 return EnterOutcome::Waiting {
                     seq,
@@ -178,6 +215,11 @@ impl QueueStore for MemoryStore {
             t.seq += 1;
             let seq = t.seq;
             t.live.push(1);
+            if seq == 1 {
+                // A fresh sequence starts from a fresh mark (as enter.lua does).
+                t.admitted_count = 0;
+                t.advances.clear();
+            }
             t.waiting.insert(
                 user,
                 Waiter {
@@ -186,6 +228,7 @@ impl QueueStore for MemoryStore {
                     entered_ms: now.epoch_ms,
                 },
             );
+            t.by_heartbeat.insert((now.epoch_ms, user));
             t.last_write_ms = now.epoch_ms;
             EnterOutcome::Waiting {
                 seq,
@@ -222,9 +265,7 @@ impl QueueStore for MemoryStore {
                     expires_at: candidate.expires_at,
                 };
             }
-            if let Some(w) = t.waiting.get_mut(&user) {
-                w.heartbeat_ms = now.epoch_ms;
-            }
+            t.heartbeat(user, now.epoch_ms);
             PollOutcome::Waiting {
                 seq,
                 ahead: t.rank(seq),
@@ -281,6 +322,96 @@ impl QueueStore for MemoryStore {
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let now = crate::gateway::api::now();
+        let mut targets = self
+            .targets
+            .lock()
+            .map_err(|_| StoreError::Protocol("memory store lock poisoned".into()))?;
+        targets.retain(|_, t| {
+            now.epoch_ms.saturating_sub(t.last_write_ms) <= TARGET_KEY_TTL_SECS * 1000
+        });
+        let mut list: Vec<QueueTarget> = targets.keys().copied().collect();
+        list.sort();
+        Ok(list)
+    }
+
+    async fn try_lock(&self, _: QueueTarget, _: &str, _: Duration) -> Result<bool, StoreError> {
+        // One process: there is nobody to exclude.
+        Ok(true)
+    }
+
+    async fn unlock(&self, _: QueueTarget, _: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn advance(
+        &self,
+        target: QueueTarget,
+        batch: u32,
+        min_interval: Duration,
+    ) -> Result<Advance, StoreError> {
+        let now = crate::gateway::api::now();
+        self.with_target(target, now, |t| {
+            let waiting = t.waiting.len() as u64;
+            let result = |outcome, admitted_count, admitted_now| Advance {
+                outcome,
+                admitted_count,
+                admitted_now,
+                waiting,
+            };
+            let instant = Instant::now();
+            if t.last_advance
+                .is_some_and(|last| instant.duration_since(last) < min_interval)
+            {
+                return result(AdvanceOutcome::Guarded, t.admitted_count, 0);
+            }
+            let mark = usize::try_from(t.admitted_count).unwrap_or(usize::MAX);
+            let below = t.live.prefix(mark);
+            let live_above = t.live.prefix(t.live.len()) - below;
+            if live_above <= 0 || t.admitted_count >= t.seq {
+                return result(AdvanceOutcome::Idle, t.admitted_count, 0);
+            }
+            let batch = i64::from(batch);
+            let (new_mark, admitted) = if live_above > batch {
+                let nth = t.live.find(below + batch).map_or(t.seq, |p| p as u64);
+                (nth, batch)
+            } else {
+                (t.seq, live_above)
+            };
+            t.admitted_count = new_mark;
+            t.last_advance = Some(instant);
+            t.last_write_ms = now.epoch_ms;
+            t.advances.push_back((now.epoch_ms, new_mark));
+            while t.advances.len() > ADVANCE_SAMPLES {
+                t.advances.pop_front();
+            }
+            result(AdvanceOutcome::Advanced, new_mark, admitted.unsigned_abs())
+        })
+    }
+
+    async fn sweep(
+        &self,
+        target: QueueTarget,
+        cutoff_ms: u64,
+        max: u32,
+    ) -> Result<u64, StoreError> {
+        let now = crate::gateway::api::now();
+        self.with_target(target, now, |t| {
+            let stale: Vec<u64> = t
+                .by_heartbeat
+                .iter()
+                .take_while(|(hb, _)| *hb <= cutoff_ms)
+                .take(max as usize)
+                .map(|(_, user)| *user)
+                .collect();
+            for user in &stale {
+                t.remove_waiter(*user);
+            }
+            stale.len() as u64
+        })
+    }
 }
 
 #[cfg(test)]
@@ -304,6 +435,11 @@ mod tests {
         f.push(1);
         assert_eq!(f.prefix(101), 99);
         assert_eq!(f.prefix(1000), 99);
+        assert_eq!(f.find(1), Some(1));
+        assert_eq!(f.find(5), Some(6));
+        assert_eq!(f.find(99), Some(101));
+        assert_eq!(f.find(100), None);
+        assert_eq!(f.find(0), None);
     }
 
     #[test]
@@ -321,7 +457,13 @@ mod tests {
                 }
             }
             let k = (i as usize * 13) % flags.len() + 1;
-            assert_eq!(f.prefix(k), flags[..k].iter().sum::<i64>());
+            let sum = flags[..k].iter().sum::<i64>();
+            assert_eq!(f.prefix(k), sum);
+            if sum > 0 {
+                let pos = f.find(sum).unwrap();
+                assert_eq!(flags[..pos].iter().sum::<i64>(), sum);
+                assert_eq!(flags[pos - 1], 1);
+            }
         }
     }
 }

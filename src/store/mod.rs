@@ -26,6 +26,9 @@ pub const WAIT_SAMPLES: usize = 1024;
 /// The window over which `admissionRatePerSec` is computed.
 pub const RATE_WINDOW_MS: u64 = 30_000;
 
+/// How many advance samples (time, mark) a target keeps for its rate.
+pub const ADVANCE_SAMPLES: usize = 64;
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store could not be reached or did not answer in time: callers fail open.
@@ -69,6 +72,27 @@ pub enum PollOutcome {
     NotInQueue,
 }
 
+/// What one `advance` call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Advance {
+    pub outcome: AdvanceOutcome,
+    /// The admission mark after the call.
+    pub admitted_count: u64,
+    /// Live users admitted by this call (0 unless `Advanced`).
+    pub admitted_now: u64,
+    /// Users in the waiting set (including admitted ones that have not polled yet).
+    pub waiting: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdvanceOutcome {
+    Advanced,
+    /// Refused: the last advance of this target was less than the minimum interval ago.
+    Guarded,
+    /// Nobody above the mark to admit.
+    Idle,
+}
+
 /// Everything a request needs from the clock, read once per request.
 #[derive(Debug, Clone, Copy)]
 pub struct Now {
@@ -107,4 +131,30 @@ pub trait QueueStore: Send + Sync + 'static {
 
     /// Whether the store currently answers (for `/readyz`).
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Targets the pump should visit; targets whose keys expired are dropped from the set.
+    async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError>;
+
+    /// Tries to take the target's pump lock for `ttl` (shorter than a tick) as `owner`.
+    async fn try_lock(
+        &self,
+        target: QueueTarget,
+        owner: &str,
+        ttl: std::time::Duration,
+    ) -> Result<bool, StoreError>;
+
+    /// Releases the lock if `owner` still holds it.
+    async fn unlock(&self, target: QueueTarget, owner: &str) -> Result<(), StoreError>;
+
+    /// One admission step (SPEC §5), refused within `min_interval` of the previous one.
+    async fn advance(
+        &self,
+        target: QueueTarget,
+        batch: u32,
+        min_interval: std::time::Duration,
+    ) -> Result<Advance, StoreError>;
+
+    /// Evicts at most `max` waiting users whose heartbeat is at or before `cutoff_ms`.
+    async fn sweep(&self, target: QueueTarget, cutoff_ms: u64, max: u32)
+        -> Result<u64, StoreError>;
 }

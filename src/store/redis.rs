@@ -20,8 +20,8 @@ use fred::types::{ClusterHash, CustomCommand};
 
 use super::scripts::{Script, Scripts, TargetKeys, ACTIVE_KEY};
 use super::{
-    EnterOutcome, Now, PollOutcome, QueueStore, StoreError, TokenCandidate, RATE_WINDOW_MS,
-    TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
+    Advance, AdvanceOutcome, EnterOutcome, Now, PollOutcome, QueueStore, StoreError,
+    TokenCandidate, ADVANCE_SAMPLES, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
 };
 use crate::queue::{QueueStats, QueueTarget};
 
@@ -348,5 +348,120 @@ impl QueueStore for RedisStore {
     async fn ping(&self) -> Result<(), StoreError> {
         self.command("PING", vec![]).await.map_err(unavailable)?;
         Ok(())
+    }
+
+    async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let members = self
+            .command("SMEMBERS", vec![ACTIVE_KEY.into()])
+            .await
+            .map_err(unavailable)?;
+        let mut targets = Vec::new();
+        for m in reply_array(members, "active")? {
+            let Some(name) = m.as_string() else { continue };
+            let Some(target) = QueueTarget::parse_key(&name) else {
+                // Not ours to interpret; leave it and never visit it.
+                continue;
+            };
+            let seq_key = TargetKeys::new(target).key("seq");
+            let exists = self
+                .command("EXISTS", vec![seq_key.into()])
+                .await
+                .map_err(unavailable)?;
+            if as_u64(&exists, "exists")? == 0 {
+                self.command("SREM", vec![ACTIVE_KEY.into(), name.into()])
+                    .await
+                    .map_err(unavailable)?;
+            } else {
+                targets.push(target);
+            }
+        }
+        targets.sort();
+        Ok(targets)
+    }
+
+    async fn try_lock(
+        &self,
+        target: QueueTarget,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = TargetKeys::new(target).key("lock");
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let reply = self
+            .command(
+                "SET",
+                vec![
+                    key.into(),
+                    owner.into(),
+                    "NX".into(),
+                    "PX".into(),
+                    ttl_ms.to_string().into(),
+                ],
+            )
+            .await
+            .map_err(unavailable)?;
+        // `SET NX` answers OK when taken and nil when someone else holds it.
+        Ok(!reply.is_null())
+    }
+
+    async fn unlock(&self, target: QueueTarget, owner: &str) -> Result<(), StoreError> {
+        let key = TargetKeys::new(target).key("lock");
+        self.eval(&self.scripts.unlock, vec![key], vec![owner.into()])
+            .await?;
+        Ok(())
+    }
+
+    async fn advance(
+        &self,
+        target: QueueTarget,
+        batch: u32,
+        min_interval: Duration,
+    ) -> Result<Advance, StoreError> {
+        let k = TargetKeys::new(target);
+        let mut keys = k.queue_keys(0);
+        keys.pop();
+        keys.push(k.key("last_advance"));
+        let argv = vec![
+            batch.to_string().into(),
+            u64::try_from(min_interval.as_millis())
+                .unwrap_or(u64::MAX)
+                .to_string()
+                .into(),
+            KEY_TTL_MS.to_string().into(),
+            ADVANCE_SAMPLES.to_string().into(),
+        ];
+        let items = reply_array(
+            self.eval(&self.scripts.advance, keys, argv).await?,
+            "advance",
+        )?;
+        let outcome = match tag(&items).as_str() {
+            "ADVANCED" => AdvanceOutcome::Advanced,
+            "GUARDED" => AdvanceOutcome::Guarded,
+            "IDLE" => AdvanceOutcome::Idle,
+            _ => return Err(StoreError::Protocol("unknown advance reply".into())),
+        };
+        let num = |i: usize, what: &str| match items.get(i) {
+            Some(v) => as_u64(v, what),
+            None => Err(StoreError::Protocol("short advance reply".into())),
+        };
+        Ok(Advance {
+            outcome,
+            admitted_count: num(1, "mark")?,
+            admitted_now: num(2, "admitted")?,
+            waiting: num(3, "waiting")?,
+        })
+    }
+
+    async fn sweep(
+        &self,
+        target: QueueTarget,
+        cutoff_ms: u64,
+        max: u32,
+    ) -> Result<u64, StoreError> {
+        let k = TargetKeys::new(target);
+        let keys = vec![k.key("waiting"), k.key("heartbeat"), k.key("entered")];
+        let argv = vec![cutoff_ms.to_string().into(), max.to_string().into()];
+        let reply = self.eval(&self.scripts.sweep, keys, argv).await?;
+        as_u64(&reply, "evicted")
     }
 }

@@ -30,6 +30,9 @@ pub struct Scripts {
     pub poll: Script,
     pub leave: Script,
     pub stats: Script,
+    pub advance: Script,
+    pub sweep: Script,
+    pub unlock: Script,
 }
 
 impl Scripts {
@@ -39,11 +42,22 @@ impl Scripts {
             poll: Script::new("poll", include_str!("../../lua/poll.lua")),
             leave: Script::new("leave", include_str!("../../lua/leave.lua")),
             stats: Script::new("stats", include_str!("../../lua/stats.lua")),
+            advance: Script::new("advance", include_str!("../../lua/advance.lua")),
+            sweep: Script::new("sweep", include_str!("../../lua/sweep.lua")),
+            unlock: Script::new("unlock", include_str!("../../lua/unlock.lua")),
         }
     }
 
-    pub fn all(&self) -> [&Script; 4] {
-        [&self.enter, &self.poll, &self.leave, &self.stats]
+    pub fn all(&self) -> [&Script; 7] {
+        [
+            &self.enter,
+            &self.poll,
+            &self.leave,
+            &self.stats,
+            &self.advance,
+            &self.sweep,
+            &self.unlock,
+        ]
     }
 }
 

@@ -1,0 +1,207 @@
+//! The admission pump (SPEC §5): a background service in every instance. Ticks are aligned to
+//! multiples of `tick_ms` since the epoch, so all instances try at the same moments and the lock
+//! decides who works. Per active target and tick: take the lock (`SET NX PX`, TTL < tick); if taken,
+//! advance (the script itself refuses a second advance within 0.95 × tick, whoever calls it) and
+//! sweep stale heartbeats.
+//!
+//! A tick never panics and never blocks shutdown: every store call is bounded by the command
+//! timeout, errors are counted and logged once per outage, and shutdown interrupts a tick.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+
+use crate::gateway::api::now;
+use crate::gateway::AppState;
+use crate::queue::QueueTarget;
+use crate::store::AdvanceOutcome;
+
+/// What one tick did, for tests and logs.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct TickReport {
+    pub targets: usize,
+    pub led: usize,
+    pub advanced: usize,
+    pub admitted: u64,
+    pub evicted: u64,
+    pub errors: usize,
+}
+
+pub struct Pump {
+    state: Arc<AppState>,
+    instance: String,
+    held: std::sync::Mutex<BTreeSet<QueueTarget>>,
+}
+
+impl Pump {
+    pub fn new(state: Arc<AppState>) -> Pump {
+        Pump {
+            state,
+            instance: instance_id(),
+            held: Default::default(),
+        }
+    }
+
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    fn lock_ttl(&self) -> Duration {
+        self.state.config.tick.mul_f64(0.9)
+    }
+
+    fn min_interval(&self) -> Duration {
+        self.state.config.tick.mul_f64(0.95)
+    }
+
+    /// One pass over the active targets.
+    pub async fn tick(&self) -> TickReport {
+        let mut report = TickReport::default();
+        let store = &self.state.store;
+        let targets = match store.active_targets().await {
+            Ok(t) => t,
+            Err(e) => {
+                self.state.store_failed("pump", &e);
+                report.errors += 1;
+                return report;
+            }
+        };
+        report.targets = targets.len();
+        let mut held = BTreeSet::new();
+        for target in targets {
+            match self.visit(target, &mut report).await {
+                Ok(true) => {
+                    held.insert(target);
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    self.state.store_failed("pump", &e);
+                    report.errors += 1;
+                }
+            }
+        }
+        if report.errors == 0 {
+            self.state.store_ok();
+        }
+        report.led = held.len();
+        self.state.metrics.leader.set(held.len() as i64);
+        if let Ok(mut h) = self.held.lock() {
+            *h = held;
+        }
+        report
+    }
+
+    /// Returns whether this instance held the target's lock.
+    async fn visit(
+        &self,
+        target: QueueTarget,
+        report: &mut TickReport,
+    ) -> Result<bool, crate::store::StoreError> {
+        let store = &self.state.store;
+        let cfg = &self.state.config;
+        if !store
+            .try_lock(target, &self.instance, self.lock_ttl())
+            .await?
+        {
+            return Ok(false);
+        }
+        let label = self.state.metrics.targets.label(target);
+        let adv = store
+            .advance(target, cfg.batch_size.get(), self.min_interval())
+            .await?;
+        if adv.outcome == AdvanceOutcome::Advanced {
+            report.advanced += 1;
+            report.admitted += adv.admitted_now;
+            self.state
+                .metrics
+                .admitted
+                .with_label_values(&[&label])
+                .inc_by(adv.admitted_now);
+        }
+        let cutoff = now()
+            .epoch_ms
+            .saturating_sub(u64::try_from(cfg.heartbeat_timeout.as_millis()).unwrap_or(u64::MAX));
+        let evicted = store
+            .sweep(target, cutoff, cfg.max_evict_per_tick.get())
+            .await?;
+        report.evicted += evicted;
+        let m = &self.state.metrics;
+        m.evicted.with_label_values(&[&label]).inc_by(evicted);
+        m.length
+            .with_label_values(&[&label])
+            .set(i64::try_from(adv.waiting.saturating_sub(evicted)).unwrap_or(i64::MAX));
+        Ok(true)
+    }
+
+    /// Releases the locks this instance holds, so another instance takes over at its next tick.
+    async fn release(&self) {
+        let held: Vec<QueueTarget> = match self.held.lock() {
+            Ok(h) => h.iter().copied().collect(),
+            Err(_) => return,
+        };
+        for target in held {
+            let _ = self.state.store.unlock(target, &self.instance).await;
+        }
+    }
+}
+
+/// Time until the next multiple of `tick` since the epoch.
+fn until_next_tick(tick: Duration) -> Duration {
+    let tick_ms = u64::try_from(tick.as_millis()).unwrap_or(u64::MAX).max(1);
+    let now_ms = now().epoch_ms;
+    Duration::from_millis(tick_ms - now_ms % tick_ms)
+}
+
+fn instance_id() -> String {
+    let mut random = [0u8; 6];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut random);
+    let suffix: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{suffix}", std::process::id())
+}
+
+#[async_trait]
+impl BackgroundService for Pump {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        tracing::info!(instance = %self.instance, tick_ms = self.state.config.tick.as_millis() as u64, "admission pump started");
+        loop {
+            let wait = until_next_tick(self.state.config.tick);
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                report = self.tick() => {
+                    if report.advanced > 0 || report.evicted > 0 {
+                        tracing::debug!(?report, "pump tick");
+                    }
+                }
+            }
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.release()).await;
+        tracing::info!(instance = %self.instance, "admission pump stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn next_tick_is_within_one_tick() {
+        let tick = Duration::from_millis(200);
+        for _ in 0..10 {
+            let w = until_next_tick(tick);
+            assert!(w > Duration::ZERO && w <= tick, "{w:?}");
+        }
+    }
+
+    #[test]
+    fn instance_ids_differ() {
+        assert_ne!(instance_id(), instance_id());
+    }
+}

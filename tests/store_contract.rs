@@ -1,0 +1,510 @@
+//! One contract suite, run against both stores: the embedded `MemoryStore` and `RedisStore` on a
+//! private `redis-server`. Then Redis-only checks of the key contract (SPEC §9): names, scores,
+//! TTLs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::RedisServer;
+use vq_gateway::gateway::api::now;
+use vq_gateway::queue::{QueueTarget, TargetType};
+use vq_gateway::store::{
+    AdvanceOutcome, EnterOutcome, MemoryStore, Now, PollOutcome, QueueStore, RedisStore,
+    TokenCandidate,
+};
+
+const CAP: u64 = 1_000;
+const GUARD: Duration = Duration::from_millis(150);
+
+fn target(id: u64) -> QueueTarget {
+    QueueTarget::new(TargetType::LimitedDrop, id)
+}
+
+fn candidate(token: &str) -> TokenCandidate {
+    TokenCandidate {
+        token: token.to_string(),
+        expires_at: now().epoch_ms / 1000 + 300,
+    }
+}
+
+fn at(offset_ms: i64) -> Now {
+    Now {
+        epoch_ms: (now().epoch_ms as i64 + offset_ms) as u64,
+    }
+}
+
+async fn enter(s: &dyn QueueStore, t: QueueTarget, user: u64) -> (u64, u64) {
+    match s.enter(t, user, now(), CAP).await.unwrap() {
+        EnterOutcome::Waiting { seq, ahead } => (seq, ahead),
+        other => panic!("user {user}: expected WAITING, got {other:?}"),
+    }
+}
+
+async fn poll(s: &dyn QueueStore, t: QueueTarget, user: u64, token: &str) -> PollOutcome {
+    s.poll(t, user, now(), &candidate(token)).await.unwrap()
+}
+
+async fn contract(s: Arc<dyn QueueStore>) {
+    let s = s.as_ref();
+    enter_is_ordered_and_idempotent(s).await;
+    concurrent_duplicate_enters_waste_no_seq(s).await;
+    ranks_follow_leaves_but_seqs_stay(s).await;
+    advance_admits_live_users_only(s).await;
+    advance_is_guarded_capped_and_monotonic(s).await;
+    admission_mints_one_token(s).await;
+    capacity_is_enforced(s).await;
+    targets_are_independent(s).await;
+    sweep_evicts_stale_users_up_to_the_cap(s).await;
+    stats_report_the_queue(s).await;
+    active_targets_list_entered_targets(s).await;
+}
+
+async fn enter_is_ordered_and_idempotent(s: &dyn QueueStore) {
+    let t = target(1);
+    for user in 1..=5 {
+        assert_eq!(enter(s, t, 100 + user).await, (user, user - 1));
+    }
+    assert_eq!(enter(s, t, 103).await, (3, 2), "re-enter keeps the seq");
+    assert_eq!(
+        enter(s, t, 106).await,
+        (6, 5),
+        "no seq was consumed by the re-enter"
+    );
+    assert!(matches!(
+        poll(s, t, 999, "x").await,
+        PollOutcome::NotInQueue
+    ));
+    assert_eq!(
+        poll(s, t, 104, "x").await,
+        PollOutcome::Waiting { seq: 4, ahead: 3 }
+    );
+}
+
+async fn concurrent_duplicate_enters_waste_no_seq(s: &dyn QueueStore) {
+    let t = target(2);
+    enter(s, t, 1).await;
+    let calls = (0..50).map(|_| s.enter(t, 7, now(), CAP));
+    let results = futures_join_all(calls).await;
+    for r in results {
+        assert_eq!(r.unwrap(), EnterOutcome::Waiting { seq: 2, ahead: 1 });
+    }
+    assert_eq!(enter(s, t, 8).await, (3, 2));
+}
+
+async fn ranks_follow_leaves_but_seqs_stay(s: &dyn QueueStore) {
+    let t = target(3);
+    for user in 1..=6 {
+        enter(s, t, user).await;
+    }
+    s.leave(t, 2).await.unwrap();
+    s.leave(t, 2).await.unwrap(); // idempotent
+    s.leave(t, 4).await.unwrap();
+    assert_eq!(
+        poll(s, t, 5, "x").await,
+        PollOutcome::Waiting { seq: 5, ahead: 2 }
+    );
+    assert_eq!(
+        poll(s, t, 6, "x").await,
+        PollOutcome::Waiting { seq: 6, ahead: 3 }
+    );
+    assert!(matches!(poll(s, t, 2, "x").await, PollOutcome::NotInQueue));
+    // Leaving does not admit anyone: admission is by seq against the mark.
+    assert_eq!(
+        poll(s, t, 1, "x").await,
+        PollOutcome::Waiting { seq: 1, ahead: 0 }
+    );
+    // Re-entering after a leave goes to the back with a new seq.
+    assert_eq!(enter(s, t, 2).await, (7, 4));
+}
+
+async fn advance_admits_live_users_only(s: &dyn QueueStore) {
+    let t = target(4);
+    for user in 1..=10 {
+        enter(s, t, user).await;
+    }
+    for user in [1, 2, 4, 6] {
+        s.leave(t, user).await.unwrap();
+    }
+    // Live: 3 5 7 8 9 10. A batch of 3 admits 3, 5 and 7: the holes take no slot.
+    let a = s.advance(t, 3, GUARD).await.unwrap();
+    assert_eq!(a.outcome, AdvanceOutcome::Advanced);
+    assert_eq!((a.admitted_count, a.admitted_now), (7, 3));
+    assert!(matches!(
+        poll(s, t, 7, "t7").await,
+        PollOutcome::Admitted { .. }
+    ));
+    assert!(matches!(
+        poll(s, t, 8, "t8").await,
+        PollOutcome::Waiting { seq: 8, .. }
+    ));
+}
+
+async fn advance_is_guarded_capped_and_monotonic(s: &dyn QueueStore) {
+    let t = target(5);
+    assert_eq!(
+        s.advance(t, 5, GUARD).await.unwrap().outcome,
+        AdvanceOutcome::Idle
+    );
+    for user in 1..=4 {
+        enter(s, t, user).await;
+    }
+    let a = s.advance(t, 2, GUARD).await.unwrap();
+    assert_eq!((a.outcome, a.admitted_count), (AdvanceOutcome::Advanced, 2));
+    let g = s.advance(t, 2, GUARD).await.unwrap();
+    assert_eq!(
+        (g.outcome, g.admitted_count),
+        (AdvanceOutcome::Guarded, 2),
+        "second advance within the guard"
+    );
+    tokio::time::sleep(GUARD + Duration::from_millis(20)).await;
+    // More than are waiting: capped at seq.
+    let a = s.advance(t, 100, GUARD).await.unwrap();
+    assert_eq!(
+        (a.outcome, a.admitted_count, a.admitted_now),
+        (AdvanceOutcome::Advanced, 4, 2)
+    );
+    tokio::time::sleep(GUARD + Duration::from_millis(20)).await;
+    let i = s.advance(t, 100, GUARD).await.unwrap();
+    assert_eq!((i.outcome, i.admitted_count), (AdvanceOutcome::Idle, 4));
+    // Leaves never move the mark back.
+    s.leave(t, 4).await.unwrap();
+    enter(s, t, 9).await;
+    tokio::time::sleep(GUARD + Duration::from_millis(20)).await;
+    let a = s.advance(t, 100, GUARD).await.unwrap();
+    assert_eq!(a.admitted_count, 5);
+}
+
+async fn admission_mints_one_token(s: &dyn QueueStore) {
+    let t = target(6);
+    enter(s, t, 1).await;
+    enter(s, t, 2).await;
+    s.advance(t, 1, GUARD).await.unwrap();
+    let first = poll(s, t, 1, "token-one").await;
+    let PollOutcome::Admitted { token, expires_at } = first else {
+        panic!("expected ADMITTED, got {first:?}");
+    };
+    assert_eq!(token, "token-one");
+    assert!(expires_at > now().epoch_ms / 1000);
+    // Later polls and enters answer the same token, not the new candidate.
+    assert_eq!(
+        poll(s, t, 1, "token-two").await,
+        PollOutcome::Admitted {
+            token: "token-one".into(),
+            expires_at
+        }
+    );
+    assert_eq!(
+        s.enter(t, 1, now(), CAP).await.unwrap(),
+        EnterOutcome::Admitted {
+            token: "token-one".into(),
+            expires_at
+        }
+    );
+    // Concurrent polls of an admitted user store one token.
+    tokio::time::sleep(GUARD + Duration::from_millis(20)).await;
+    s.advance(t, 1, GUARD).await.unwrap();
+    let results = futures_join_all((0..20).map(|i| {
+        let c = candidate(&format!("race-{i}"));
+        async move { s.poll(t, 2, now(), &c).await.unwrap() }
+    }))
+    .await;
+    let tokens: std::collections::BTreeSet<String> = results
+        .into_iter()
+        .map(|r| match r {
+            PollOutcome::Admitted { token, .. } => token,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(tokens.len(), 1, "{tokens:?}");
+    // Leave drops the token: the user is out.
+    s.leave(t, 1).await.unwrap();
+    assert!(matches!(poll(s, t, 1, "x").await, PollOutcome::NotInQueue));
+}
+
+async fn capacity_is_enforced(s: &dyn QueueStore) {
+    let t = target(7);
+    for user in 1..=3 {
+        assert!(matches!(
+            s.enter(t, user, now(), 3).await.unwrap(),
+            EnterOutcome::Waiting { .. }
+        ));
+    }
+    assert_eq!(s.enter(t, 4, now(), 3).await.unwrap(), EnterOutcome::Full);
+    assert_eq!(
+        s.enter(t, 2, now(), 3).await.unwrap(),
+        EnterOutcome::Waiting { seq: 2, ahead: 1 },
+        "a user already waiting is not refused"
+    );
+    s.leave(t, 1).await.unwrap();
+    assert_eq!(
+        s.enter(t, 4, now(), 3).await.unwrap(),
+        EnterOutcome::Waiting { seq: 4, ahead: 2 }
+    );
+}
+
+async fn targets_are_independent(s: &dyn QueueStore) {
+    let a = target(8);
+    let b = QueueTarget::new(TargetType::TicketingEvent, 8);
+    assert_eq!(enter(s, a, 1).await, (1, 0));
+    assert_eq!(enter(s, a, 2).await, (2, 1));
+    assert_eq!(enter(s, b, 2).await, (1, 0));
+    s.advance(a, 10, GUARD).await.unwrap();
+    assert!(matches!(
+        poll(s, a, 2, "x").await,
+        PollOutcome::Admitted { .. }
+    ));
+    assert_eq!(
+        poll(s, b, 2, "x").await,
+        PollOutcome::Waiting { seq: 1, ahead: 0 }
+    );
+}
+
+async fn sweep_evicts_stale_users_up_to_the_cap(s: &dyn QueueStore) {
+    let t = target(9);
+    // Users 1..=5 last seen 120 s ago; 6 and 7 now.
+    for user in 1..=5 {
+        s.enter(t, user, at(-120_000), CAP).await.unwrap();
+    }
+    enter(s, t, 6).await;
+    enter(s, t, 7).await;
+    let cutoff = now().epoch_ms - 60_000;
+    assert_eq!(s.sweep(t, cutoff, 3).await.unwrap(), 3, "capped at max");
+    assert_eq!(s.sweep(t, cutoff, 3).await.unwrap(), 2);
+    assert_eq!(s.sweep(t, cutoff, 3).await.unwrap(), 0);
+    for user in 1..=5 {
+        assert!(
+            matches!(poll(s, t, user, "x").await, PollOutcome::NotInQueue),
+            "{user}"
+        );
+    }
+    assert_eq!(
+        poll(s, t, 6, "x").await,
+        PollOutcome::Waiting { seq: 6, ahead: 0 }
+    );
+    // A poll refreshes the heartbeat: an old user who polls is kept.
+    s.enter(t, 20, at(-120_000), CAP).await.unwrap();
+    poll(s, t, 20, "x").await;
+    assert_eq!(s.sweep(t, cutoff, 10).await.unwrap(), 0);
+    // Evicted users re-enter at the back.
+    assert_eq!(enter(s, t, 1).await, (9, 3));
+}
+
+async fn stats_report_the_queue(s: &dyn QueueStore) {
+    let t = target(10);
+    for user in 1..=4 {
+        s.enter(t, user, at(-3_000), CAP).await.unwrap();
+    }
+    s.advance(t, 2, GUARD).await.unwrap();
+    poll(s, t, 1, "a").await;
+    poll(s, t, 2, "b").await;
+    tokio::time::sleep(GUARD + Duration::from_millis(20)).await;
+    s.advance(t, 1, GUARD).await.unwrap();
+    let st = s.stats(t, now()).await.unwrap();
+    assert_eq!(st.waiting_count, 2, "{st:?}");
+    assert_eq!(st.admitted_count, 3);
+    assert!(st.admission_rate_per_sec > 0.0, "{st:?}");
+    assert!((2.9..10.0).contains(&st.avg_wait_seconds), "{st:?}");
+    assert!(st.p95_wait_seconds >= st.avg_wait_seconds - 0.01, "{st:?}");
+    let empty = s.stats(target(11), now()).await.unwrap();
+    assert_eq!((empty.waiting_count, empty.admitted_count), (0, 0));
+    assert_eq!(empty.avg_wait_seconds, 0.0);
+}
+
+async fn active_targets_list_entered_targets(s: &dyn QueueStore) {
+    let active = s.active_targets().await.unwrap();
+    for id in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] {
+        assert!(active.contains(&target(id)), "{id} missing from {active:?}");
+    }
+    assert!(active.contains(&QueueTarget::new(TargetType::TicketingEvent, 8)));
+}
+
+/// Runs futures concurrently on the current task (no extra dependency for `join_all`).
+async fn futures_join_all<F: std::future::Future>(
+    futs: impl IntoIterator<Item = F>,
+) -> Vec<F::Output> {
+    let handles: Vec<_> = futs.into_iter().map(Box::pin).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    let mut pending: Vec<_> = handles.into_iter().map(Some).collect();
+    let mut results: Vec<Option<F::Output>> = (0..pending.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (i, slot) in pending.iter_mut().enumerate() {
+            if let Some(f) = slot {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        results[i] = Some(v);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => done = false,
+                }
+            }
+        }
+        if done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    out.extend(results.into_iter().map(Option::unwrap));
+    out
+}
+
+pub async fn connected_redis(redis: &RedisServer) -> Arc<RedisStore> {
+    let store = Arc::new(RedisStore::new(&redis.url(), Duration::from_millis(500)).unwrap());
+    let conn = store.clone();
+    tokio::spawn(async move { conn.run_connection(std::future::pending()).await });
+    for _ in 0..200 {
+        if store.ping().await.is_ok() {
+            return store;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("could not connect to redis on {}", redis.port);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_passes_the_contract() {
+    contract(Arc::new(MemoryStore::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_passes_the_contract() {
+    let redis = RedisServer::start();
+    contract(connected_redis(&redis).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_keys_follow_the_contract() {
+    let redis = RedisServer::start();
+    let s = connected_redis(&redis).await;
+    let t = QueueTarget::new(TargetType::LimitedDrop, 42);
+    let before = now().epoch_ms;
+    enter(s.as_ref(), t, 1001).await;
+    enter(s.as_ref(), t, 1002).await;
+    let p = "queue:{LIMITED_DROP:42}:";
+    assert_eq!(
+        redis
+            .cmd(&["ZSCORE", &format!("{p}waiting"), "1002"])
+            .as_int(),
+        2
+    );
+    let hb = redis
+        .cmd(&["ZSCORE", &format!("{p}heartbeat"), "1001"])
+        .as_int() as u64;
+    assert!(hb >= before && hb <= now().epoch_ms, "heartbeat {hb}");
+    assert_eq!(redis.cmd(&["GET", &format!("{p}seq")]).as_int(), 2);
+    for key in ["waiting", "heartbeat", "seq", "entered"] {
+        let ttl = redis.cmd(&["TTL", &format!("{p}{key}")]).as_int();
+        assert!((1790..=1800).contains(&ttl), "{key}: ttl {ttl}");
+    }
+    assert_eq!(
+        redis
+            .cmd(&["SISMEMBER", "queue:active", "LIMITED_DROP:42"])
+            .as_int(),
+        1
+    );
+
+    s.advance(t, 1, GUARD).await.unwrap();
+    assert_eq!(
+        redis.cmd(&["GET", &format!("{p}admitted_count")]).as_int(),
+        1
+    );
+    let ttl = redis.cmd(&["TTL", &format!("{p}admitted_count")]).as_int();
+    assert!((1790..=1800).contains(&ttl), "admitted_count ttl {ttl}");
+    let c = candidate("tok");
+    s.poll(t, 1001, now(), &c).await.unwrap();
+    let stored = redis
+        .cmd(&["GET", &format!("{p}token:1001")])
+        .as_str()
+        .unwrap();
+    assert_eq!(stored, format!("{}|tok", c.expires_at));
+    let ttl = redis.cmd(&["TTL", &format!("{p}token:1001")]).as_int();
+    assert!((295..=300).contains(&ttl), "token ttl {ttl}");
+    assert_eq!(
+        redis.cmd(&["ZSCORE", &format!("{p}waiting"), "1001"]),
+        common::Resp::Bulk(None)
+    );
+    assert_eq!(
+        redis.cmd(&["ZSCORE", &format!("{p}heartbeat"), "1001"]),
+        common::Resp::Bulk(None)
+    );
+
+    // The pump lock: SET NX PX, owned, released only by its owner.
+    assert!(s
+        .try_lock(t, "a", Duration::from_millis(500))
+        .await
+        .unwrap());
+    assert!(!s
+        .try_lock(t, "b", Duration::from_millis(500))
+        .await
+        .unwrap());
+    let pttl = redis.cmd(&["PTTL", &format!("{p}lock")]).as_int();
+    assert!((1..=500).contains(&pttl), "lock pttl {pttl}");
+    s.unlock(t, "b").await.unwrap();
+    assert_eq!(
+        redis.cmd(&["GET", &format!("{p}lock")]).as_str().unwrap(),
+        "a"
+    );
+    s.unlock(t, "a").await.unwrap();
+    assert_eq!(redis.cmd(&["EXISTS", &format!("{p}lock")]).as_int(), 0);
+
+    // Expired targets leave queue:active.
+    for key in [
+        "waiting",
+        "heartbeat",
+        "seq",
+        "admitted_count",
+        "entered",
+        "advances",
+        "last_advance",
+    ] {
+        redis.cmd(&["DEL", &format!("{p}{key}")]);
+    }
+    assert!(!s.active_targets().await.unwrap().contains(&t));
+    assert_eq!(
+        redis
+            .cmd(&["SISMEMBER", "queue:active", "LIMITED_DROP:42"])
+            .as_int(),
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_sequence_ignores_a_stale_mark() {
+    let redis = RedisServer::start();
+    let s = connected_redis(&redis).await;
+    let t = QueueTarget::new(TargetType::LimitedDrop, 43);
+    // Left over from an expired sequence: admitted_count without seq.
+    redis.cmd(&["SET", "queue:{LIMITED_DROP:43}:admitted_count", "500"]);
+    enter(s.as_ref(), t, 1).await;
+    assert!(matches!(
+        poll(s.as_ref(), t, 1, "x").await,
+        PollOutcome::Waiting { .. }
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_reload_after_a_flush() {
+    let redis = RedisServer::start();
+    let s = connected_redis(&redis).await;
+    let t = target(44);
+    enter(s.as_ref(), t, 1).await;
+    redis.cmd(&["SCRIPT", "FLUSH"]);
+    assert_eq!(enter(s.as_ref(), t, 2).await, (2, 1));
+    assert_eq!(
+        redis
+            .cmd(&[
+                "SCRIPT",
+                "EXISTS",
+                "0000000000000000000000000000000000000000"
+            ])
+            .as_vec()
+            .len(),
+        1
+    );
+}
