@@ -62,7 +62,7 @@ impl Pump {
     pub async fn tick(&self) -> TickReport {
         let mut report = TickReport::default();
         let store = &self.state.store;
-        let targets = match store.active_targets().await {
+        let targets = match store.active_targets(now()).await {
             Ok(t) => t,
             Err(e) => {
                 self.state.store_failed("pump", &e);
@@ -111,7 +111,7 @@ impl Pump {
         }
         let label = self.state.metrics.targets.label(target);
         let adv = store
-            .advance(target, cfg.batch_size.get(), self.min_interval())
+            .advance(target, cfg.batch_size.get(), self.min_interval(), now())
             .await?;
         if adv.outcome == AdvanceOutcome::Advanced {
             report.advanced += 1;
@@ -126,7 +126,7 @@ impl Pump {
             .epoch_ms
             .saturating_sub(u64::try_from(cfg.heartbeat_timeout.as_millis()).unwrap_or(u64::MAX));
         let evicted = store
-            .sweep(target, cutoff, cfg.max_evict_per_tick.get())
+            .sweep(target, cutoff, cfg.max_evict_per_tick.get(), now())
             .await?;
         report.evicted += evicted;
         let m = &self.state.metrics;

@@ -130,7 +130,7 @@ async fn advance_admits_live_users_only(s: &dyn QueueStore) {
         s.leave(t, user).await.unwrap();
     }
     // Live: 3 5 7 8 9 10. A batch of 3 admits 3, 5 and 7: the holes take no slot.
-    let a = s.advance(t, 3, GUARD).await.unwrap();
+    let a = s.advance(t, 3, GUARD, now()).await.unwrap();
     assert_eq!(a.outcome, AdvanceOutcome::Advanced);
     assert_eq!((a.admitted_count, a.admitted_now), (7, 3));
     assert!(matches!(
@@ -146,15 +146,15 @@ async fn advance_admits_live_users_only(s: &dyn QueueStore) {
 async fn advance_is_guarded_capped_and_monotonic(s: &dyn QueueStore) {
     let t = target(5);
     assert_eq!(
-        s.advance(t, 5, GUARD).await.unwrap().outcome,
+        s.advance(t, 5, GUARD, now()).await.unwrap().outcome,
         AdvanceOutcome::Idle
     );
     for user in 1..=4 {
         enter(s, t, user).await;
     }
-    let a = s.advance(t, 2, GUARD).await.unwrap();
+    let a = s.advance(t, 2, GUARD, now()).await.unwrap();
     assert_eq!((a.outcome, a.admitted_count), (AdvanceOutcome::Advanced, 2));
-    let g = s.advance(t, 2, GUARD).await.unwrap();
+    let g = s.advance(t, 2, GUARD, now()).await.unwrap();
     assert_eq!(
         (g.outcome, g.admitted_count),
         (AdvanceOutcome::Guarded, 2),
@@ -162,19 +162,19 @@ async fn advance_is_guarded_capped_and_monotonic(s: &dyn QueueStore) {
     );
     tokio::time::sleep(GUARD + Duration::from_millis(20)).await;
     // More than are waiting: capped at seq.
-    let a = s.advance(t, 100, GUARD).await.unwrap();
+    let a = s.advance(t, 100, GUARD, now()).await.unwrap();
     assert_eq!(
         (a.outcome, a.admitted_count, a.admitted_now),
         (AdvanceOutcome::Advanced, 4, 2)
     );
     tokio::time::sleep(GUARD + Duration::from_millis(20)).await;
-    let i = s.advance(t, 100, GUARD).await.unwrap();
+    let i = s.advance(t, 100, GUARD, now()).await.unwrap();
     assert_eq!((i.outcome, i.admitted_count), (AdvanceOutcome::Idle, 4));
     // Leaves never move the mark back.
     s.leave(t, 4).await.unwrap();
     enter(s, t, 9).await;
     tokio::time::sleep(GUARD + Duration::from_millis(20)).await;
-    let a = s.advance(t, 100, GUARD).await.unwrap();
+    let a = s.advance(t, 100, GUARD, now()).await.unwrap();
     assert_eq!(a.admitted_count, 5);
 }
 
@@ -182,7 +182,7 @@ async fn admission_mints_one_token(s: &dyn QueueStore) {
     let t = target(6);
     enter(s, t, 1).await;
     enter(s, t, 2).await;
-    s.advance(t, 1, GUARD).await.unwrap();
+    s.advance(t, 1, GUARD, now()).await.unwrap();
     let first = poll(s, t, 1, "token-one").await;
     let PollOutcome::Admitted { token, expires_at } = first else {
         panic!("expected ADMITTED, got {first:?}");
@@ -206,7 +206,7 @@ async fn admission_mints_one_token(s: &dyn QueueStore) {
     );
     // Concurrent polls of an admitted user store one token.
     tokio::time::sleep(GUARD + Duration::from_millis(20)).await;
-    s.advance(t, 1, GUARD).await.unwrap();
+    s.advance(t, 1, GUARD, now()).await.unwrap();
     let results = futures_join_all((0..20).map(|i| {
         let c = candidate(&format!("race-{i}"));
         async move { s.poll(t, 2, now(), &c).await.unwrap() }
@@ -252,7 +252,7 @@ async fn targets_are_independent(s: &dyn QueueStore) {
     assert_eq!(enter(s, a, 1).await, (1, 0));
     assert_eq!(enter(s, a, 2).await, (2, 1));
     assert_eq!(enter(s, b, 2).await, (1, 0));
-    s.advance(a, 10, GUARD).await.unwrap();
+    s.advance(a, 10, GUARD, now()).await.unwrap();
     assert!(matches!(
         poll(s, a, 2, "x").await,
         PollOutcome::Admitted { .. }
@@ -272,9 +272,13 @@ async fn sweep_evicts_stale_users_up_to_the_cap(s: &dyn QueueStore) {
     enter(s, t, 6).await;
     enter(s, t, 7).await;
     let cutoff = now().epoch_ms - 60_000;
-    assert_eq!(s.sweep(t, cutoff, 3).await.unwrap(), 3, "capped at max");
-    assert_eq!(s.sweep(t, cutoff, 3).await.unwrap(), 2);
-    assert_eq!(s.sweep(t, cutoff, 3).await.unwrap(), 0);
+    assert_eq!(
+        s.sweep(t, cutoff, 3, now()).await.unwrap(),
+        3,
+        "capped at max"
+    );
+    assert_eq!(s.sweep(t, cutoff, 3, now()).await.unwrap(), 2);
+    assert_eq!(s.sweep(t, cutoff, 3, now()).await.unwrap(), 0);
     for user in 1..=5 {
         assert!(
             matches!(poll(s, t, user, "x").await, PollOutcome::NotInQueue),
@@ -288,7 +292,7 @@ async fn sweep_evicts_stale_users_up_to_the_cap(s: &dyn QueueStore) {
     // A poll refreshes the heartbeat: an old user who polls is kept.
     s.enter(t, 20, at(-120_000), CAP).await.unwrap();
     poll(s, t, 20, "x").await;
-    assert_eq!(s.sweep(t, cutoff, 10).await.unwrap(), 0);
+    assert_eq!(s.sweep(t, cutoff, 10, now()).await.unwrap(), 0);
     // Evicted users re-enter at the back.
     assert_eq!(enter(s, t, 1).await, (9, 3));
 }
@@ -298,11 +302,11 @@ async fn stats_report_the_queue(s: &dyn QueueStore) {
     for user in 1..=4 {
         s.enter(t, user, at(-3_000), CAP).await.unwrap();
     }
-    s.advance(t, 2, GUARD).await.unwrap();
+    s.advance(t, 2, GUARD, now()).await.unwrap();
     poll(s, t, 1, "a").await;
     poll(s, t, 2, "b").await;
     tokio::time::sleep(GUARD + Duration::from_millis(20)).await;
-    s.advance(t, 1, GUARD).await.unwrap();
+    s.advance(t, 1, GUARD, now()).await.unwrap();
     let st = s.stats(t, now()).await.unwrap();
     assert_eq!(st.waiting_count, 2, "{st:?}");
     assert_eq!(st.admitted_count, 3);
@@ -315,7 +319,7 @@ async fn stats_report_the_queue(s: &dyn QueueStore) {
 }
 
 async fn active_targets_list_entered_targets(s: &dyn QueueStore) {
-    let active = s.active_targets().await.unwrap();
+    let active = s.active_targets(now()).await.unwrap();
     for id in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] {
         assert!(active.contains(&target(id)), "{id} missing from {active:?}");
     }
@@ -409,7 +413,7 @@ async fn redis_keys_follow_the_contract() {
         1
     );
 
-    s.advance(t, 1, GUARD).await.unwrap();
+    s.advance(t, 1, GUARD, now()).await.unwrap();
     assert_eq!(
         redis.cmd(&["GET", &format!("{p}admitted_count")]).as_int(),
         1
@@ -465,7 +469,7 @@ async fn redis_keys_follow_the_contract() {
     ] {
         redis.cmd(&["DEL", &format!("{p}{key}")]);
     }
-    assert!(!s.active_targets().await.unwrap().contains(&t));
+    assert!(!s.active_targets(now()).await.unwrap().contains(&t));
     assert_eq!(
         redis
             .cmd(&["SISMEMBER", "queue:active", "LIMITED_DROP:42"])

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -103,7 +103,7 @@ struct TargetState {
     waiting: HashMap<u64, Waiter>,
     /// (last heartbeat ms, user), oldest first, for eviction.
     by_heartbeat: BTreeSet<(u64, u64)>,
-    last_advance: Option<Instant>,
+    last_advance_ms: Option<u64>,
     /// user → (expiresAt epoch s, token).
     tokens: HashMap<u64, (u64, String)>,
     waits_ms: VecDeque<u64>,
@@ -323,8 +323,7 @@ impl QueueStore for MemoryStore {
         Ok(())
     }
 
-    async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
-        let now = crate::gateway::api::now();
+    async fn active_targets(&self, now: Now) -> Result<Vec<QueueTarget>, StoreError> {
         let mut targets = self
             .targets
             .lock()
@@ -351,8 +350,8 @@ impl QueueStore for MemoryStore {
         target: QueueTarget,
         batch: u32,
         min_interval: Duration,
+        now: Now,
     ) -> Result<Advance, StoreError> {
-        let now = crate::gateway::api::now();
         self.with_target(target, now, |t| {
             let waiting = t.waiting.len() as u64;
             let result = |outcome, admitted_count, admitted_now| Advance {
@@ -361,9 +360,9 @@ impl QueueStore for MemoryStore {
                 admitted_now,
                 waiting,
             };
-            let instant = Instant::now();
-            if t.last_advance
-                .is_some_and(|last| instant.duration_since(last) < min_interval)
+            let min_ms = u64::try_from(min_interval.as_millis()).unwrap_or(u64::MAX);
+            if t.last_advance_ms
+                .is_some_and(|last| now.epoch_ms.saturating_sub(last) < min_ms)
             {
                 return result(AdvanceOutcome::Guarded, t.admitted_count, 0);
             }
@@ -381,7 +380,7 @@ impl QueueStore for MemoryStore {
                 (t.seq, live_above)
             };
             t.admitted_count = new_mark;
-            t.last_advance = Some(instant);
+            t.last_advance_ms = Some(now.epoch_ms);
             t.last_write_ms = now.epoch_ms;
             t.advances.push_back((now.epoch_ms, new_mark));
             while t.advances.len() > ADVANCE_SAMPLES {
@@ -396,8 +395,8 @@ impl QueueStore for MemoryStore {
         target: QueueTarget,
         cutoff_ms: u64,
         max: u32,
+        now: Now,
     ) -> Result<u64, StoreError> {
-        let now = crate::gateway::api::now();
         self.with_target(target, now, |t| {
             let stale: Vec<u64> = t
                 .by_heartbeat

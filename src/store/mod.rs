@@ -133,7 +133,7 @@ pub trait QueueStore: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), StoreError>;
 
     /// Targets the pump should visit; targets whose keys expired are dropped from the set.
-    async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError>;
+    async fn active_targets(&self, now: Now) -> Result<Vec<QueueTarget>, StoreError>;
 
     /// Tries to take the target's pump lock for `ttl` (shorter than a tick) as `owner`.
     async fn try_lock(
@@ -146,15 +146,23 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Releases the lock if `owner` still holds it.
     async fn unlock(&self, target: QueueTarget, owner: &str) -> Result<(), StoreError>;
 
-    /// One admission step (SPEC §5), refused within `min_interval` of the previous one.
+    /// One admission step (SPEC §5), refused within `min_interval` of the previous one. The Redis
+    /// store times the guard with Redis' own clock and ignores `now`; the memory store uses `now`,
+    /// which lets a simulation drive it in virtual time.
     async fn advance(
         &self,
         target: QueueTarget,
         batch: u32,
         min_interval: std::time::Duration,
+        now: Now,
     ) -> Result<Advance, StoreError>;
 
     /// Evicts at most `max` waiting users whose heartbeat is at or before `cutoff_ms`.
-    async fn sweep(&self, target: QueueTarget, cutoff_ms: u64, max: u32)
-        -> Result<u64, StoreError>;
+    async fn sweep(
+        &self,
+        target: QueueTarget,
+        cutoff_ms: u64,
+        max: u32,
+        now: Now,
+    ) -> Result<u64, StoreError>;
 }

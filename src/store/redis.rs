@@ -350,7 +350,7 @@ impl QueueStore for RedisStore {
         Ok(())
     }
 
-    async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+    async fn active_targets(&self, _now: Now) -> Result<Vec<QueueTarget>, StoreError> {
         let members = self
             .command("SMEMBERS", vec![ACTIVE_KEY.into()])
             .await
@@ -416,6 +416,7 @@ impl QueueStore for RedisStore {
         target: QueueTarget,
         batch: u32,
         min_interval: Duration,
+        _now: Now,
     ) -> Result<Advance, StoreError> {
         let k = TargetKeys::new(target);
         let mut keys = k.queue_keys(0);
@@ -457,6 +458,7 @@ impl QueueStore for RedisStore {
         target: QueueTarget,
         cutoff_ms: u64,
         max: u32,
+        _now: Now,
     ) -> Result<u64, StoreError> {
         let k = TargetKeys::new(target);
         let keys = vec![k.key("waiting"), k.key("heartbeat"), k.key("entered")];
