@@ -102,9 +102,7 @@ async fn simulate(seed: u64, ticks: u64, instances: u64) {
             .collect();
         for user in waiting {
             let UserState::Waiting {
-                seq,
-                last_poll,
-                abandons_at,
+                seq, abandons_at, ..
             } = users[&user]
             else {
                 continue;
