@@ -29,6 +29,8 @@ pub struct Metrics {
     pub latency: HistogramVec,
     /// `virtual_queue_tokens_total{target, event}`: issued, consumed, rejected.
     pub tokens: IntCounterVec,
+    /// `virtual_queue_bypass_attempts_total{route, reason}`: gated requests refused.
+    pub bypass: IntCounterVec,
     /// `virtual_queue_redis_degraded_total{op}`: store calls that failed open.
     pub degraded: IntCounterVec,
     /// `virtual_queue_wait_seconds{target}`: enter → admission, observed when the token is issued.
@@ -72,6 +74,13 @@ impl Metrics {
                 "Entry tokens by target and event",
             ),
             &["target", "event"],
+        )?;
+        let bypass = IntCounterVec::new(
+            Opts::new(
+                "virtual_queue_bypass_attempts_total",
+                "Requests to gated routes refused, by configured route and reason",
+            ),
+            &["route", "reason"],
         )?;
         let degraded = IntCounterVec::new(
             Opts::new(
@@ -129,6 +138,7 @@ impl Metrics {
         registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(tokens.clone()))?;
         registry.register(Box::new(degraded.clone()))?;
+        registry.register(Box::new(bypass.clone()))?;
         registry.register(Box::new(wait.clone()))?;
         registry.register(Box::new(entries.clone()))?;
         registry.register(Box::new(up.clone()))?;
@@ -137,6 +147,7 @@ impl Metrics {
             requests,
             latency,
             tokens,
+            bypass,
             degraded,
             wait,
             entries,

@@ -4,13 +4,18 @@
 //! Phases, one job each:
 //! - `early_request_filter`: bound the idle keep-alive of the downstream connection.
 //! - `request_filter`: canonicalise the path once, classify it (`route.rs`), answer the queue API
-//!   (`api.rs`) or reject bad requests locally; everything else continues to the backend.
+//!   (`api.rs`), check the entry token on gated routes (`gate.rs`) or reject bad requests locally;
+//!   everything else continues to the backend.
+//! - `upstream_request_filter`: forward the canonical path of a gated route (origin-form), never
+//!   the entry token.
+//! - `upstream_response_filter`: a backend refusal (non-2xx) gives the single-use claim back.
 //! - `upstream_peer`: the backend, resolved once at start, with connect/read/write timeouts.
 //! - `fail_to_proxy`: a backend that is down or slow becomes a JSON 502/504, never a hang.
 //! - `logging`: one structured line and the request metrics.
 
 pub mod admin;
 pub mod api;
+pub mod gate;
 pub mod path;
 pub mod route;
 
@@ -98,6 +103,10 @@ impl AppState {
 pub struct RequestCtx {
     class: RouteClass,
     started: Instant,
+    /// The path the backend receives instead of the client's spelling (gated shapes, absolute form).
+    forward_path: Option<String>,
+    /// A single-use claim taken for this request, given back if the backend refuses.
+    claim: Option<(QueueTarget, String)>,
 }
 
 pub struct Gateway {
@@ -107,6 +116,59 @@ pub struct Gateway {
 impl Gateway {
     pub fn new(state: Arc<AppState>) -> Gateway {
         Gateway { state }
+    }
+
+    /// Runs the gate on a request whose path has a gated route's shape. `Some(reply)` refuses it.
+    async fn gate(
+        &self,
+        session: &Session,
+        ctx: &mut RequestCtx,
+        g: &gate::GatedPath,
+    ) -> Option<Reply> {
+        let state = &self.state;
+        let route = state.config.gate_routes.get(g.route)?;
+        let req = session.req_header();
+        let denied = match gate::check_overrides(&req.headers) {
+            Err(d) => Some(d),
+            Ok(()) if gate::gates_method(route, &req.method) => {
+                ctx.class = RouteClass::Gated;
+                match gate::check(state, g, &req.headers, api::now()).await {
+                    Ok(passed) => {
+                        if let Some(id) = passed.claim {
+                            ctx.claim = Some((passed.target, id));
+                        }
+                        if passed.checked {
+                            state.count_token(passed.target, "consumed");
+                        }
+                        None
+                    }
+                    Err(d) => {
+                        if let Some(t) = g.target {
+                            state.count_token(t, "rejected");
+                        }
+                        Some(d)
+                    }
+                }
+            }
+            Ok(()) => None,
+        };
+        let d = denied?;
+        ctx.class = RouteClass::Gated;
+        state
+            .metrics
+            .bypass
+            .with_label_values(&[&route.template, d.reason])
+            .inc();
+        tracing::info!(route = %route.template, reason = d.reason, "gated request refused");
+        Some(Reply::error(&d.error))
+    }
+
+    async fn release_claim(&self, ctx: &mut RequestCtx) {
+        if let Some((target, id)) = ctx.claim.take() {
+            if let Err(e) = self.state.store.release(target, &id).await {
+                self.state.store_failed("release", &e);
+            }
+        }
     }
 }
 
@@ -164,6 +226,8 @@ impl ProxyHttp for Gateway {
         RequestCtx {
             class: RouteClass::Proxy,
             started: Instant::now(),
+            forward_path: None,
+            claim: None,
         }
     }
 
@@ -201,7 +265,47 @@ impl ProxyHttp for Gateway {
             return answer_locally(session, &reply).await;
         }
         ctx.class = RouteClass::Proxy;
+        if let Some(g) = gate::match_route(&self.state.config.gate_routes, &canonical) {
+            if let Some(reply) = self.gate(session, ctx, &g).await {
+                return answer_locally(session, &reply).await;
+            }
+            ctx.forward_path = Some(g.canonical);
+        } else if session.req_header().uri.scheme().is_some() {
+            ctx.forward_path = Some(canonical.to_path());
+        }
         Ok(false)
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream: &mut pingora::http::RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        upstream.remove_header(gate::TOKEN_HEADER);
+        if let Some(path) = &ctx.forward_path {
+            let target = match session.req_header().uri.query() {
+                Some(q) => format!("{path}?{q}"),
+                None => path.clone(),
+            };
+            let uri = http::Uri::try_from(target).map_err(|e| {
+                Error::because(ErrorType::InternalError, "canonical path is not a URI", e)
+            })?;
+            upstream.set_uri(uri);
+        }
+        Ok(())
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        upstream: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if !upstream.status.is_success() {
+            self.release_claim(ctx).await;
+        }
+        Ok(())
     }
 
     async fn upstream_peer(
@@ -258,6 +362,10 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        if e.is_some() || !(200..300).contains(&status) {
+            // The backend never answered with success (unreachable, timed out, refused).
+            self.release_claim(ctx).await;
+        }
         let elapsed = ctx.started.elapsed();
         let class = ctx.class.as_str();
         let m = &self.state.metrics;

@@ -146,10 +146,15 @@ impl TargetState {
     }
 }
 
+/// Claims kept before expired ones are swept out on the next claim.
+const CLAIM_SWEEP_AT: usize = 10_000;
+
 /// The embedded single-instance store.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     targets: Mutex<HashMap<QueueTarget, TargetState>>,
+    /// Single-use claims: (target, token id) → expiry (epoch ms).
+    claims: Mutex<HashMap<(QueueTarget, String), u64>>,
 }
 
 impl MemoryStore {
@@ -410,6 +415,42 @@ impl QueueStore for MemoryStore {
             }
             stale.len() as u64
         })
+    }
+
+    async fn claim(
+        &self,
+        target: QueueTarget,
+        token_id: &str,
+        ttl: Duration,
+        now: Now,
+    ) -> Result<bool, StoreError> {
+        let mut claims = self
+            .claims
+            .lock()
+            .map_err(|_| StoreError::Protocol("memory store lock poisoned".into()))?;
+        if claims.len() >= CLAIM_SWEEP_AT {
+            claims.retain(|_, exp| *exp > now.epoch_ms);
+        }
+        let expires = now
+            .epoch_ms
+            .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        let key = (target, token_id.to_string());
+        match claims.get(&key) {
+            Some(exp) if *exp > now.epoch_ms => Ok(false),
+            _ => {
+                claims.insert(key, expires);
+                Ok(true)
+            }
+        }
+    }
+
+    async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError> {
+        let mut claims = self
+            .claims
+            .lock()
+            .map_err(|_| StoreError::Protocol("memory store lock poisoned".into()))?;
+        claims.remove(&(target, token_id.to_string()));
+        Ok(())
     }
 }
 

@@ -165,4 +165,17 @@ pub trait QueueStore: Send + Sync + 'static {
         max: u32,
         now: Now,
     ) -> Result<u64, StoreError>;
+
+    /// Claims a token for single use (`SET NX`, expiring with the token). False when it was
+    /// claimed already.
+    async fn claim(
+        &self,
+        target: QueueTarget,
+        token_id: &str,
+        ttl: std::time::Duration,
+        now: Now,
+    ) -> Result<bool, StoreError>;
+
+    /// Gives a claim back (the backend refused the purchase, so the user may retry).
+    async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError>;
 }

@@ -466,4 +466,37 @@ impl QueueStore for RedisStore {
         let reply = self.eval(&self.scripts.sweep, keys, argv).await?;
         as_u64(&reply, "evicted")
     }
+
+    async fn claim(
+        &self,
+        target: QueueTarget,
+        token_id: &str,
+        ttl: Duration,
+        _now: Now,
+    ) -> Result<bool, StoreError> {
+        let key = TargetKeys::new(target).key(&format!("used:{token_id}"));
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let reply = self
+            .command(
+                "SET",
+                vec![
+                    key.into(),
+                    "1".into(),
+                    "NX".into(),
+                    "PX".into(),
+                    ttl_ms.to_string().into(),
+                ],
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(!reply.is_null())
+    }
+
+    async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError> {
+        let key = TargetKeys::new(target).key(&format!("used:{token_id}"));
+        self.command("DEL", vec![key.into()])
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
 }

@@ -1,0 +1,335 @@
+//! The entry-token gate in front of the purchase routes (SPEC §6): a request to a gated route
+//! reaches the backend only with a valid, matching, unexpired and (with `single_use`) unused
+//! entry token.
+//!
+//! Matching works on the canonical path only (`path.rs` has already rejected ambiguous
+//! spellings): literals compare without case, and any segment in the `{id}` slot makes the request
+//! gated, so an id the backend might still parse (`+42`, ` 42`) cannot slip past as "not a route".
+//! The id must then be plain digits; leading zeros are folded (`042` is target 42, as the backend
+//! reads it), and the canonical path is what the backend receives.
+
+use std::time::Duration;
+
+use http::{HeaderMap, Method};
+
+use super::path::CanonicalPath;
+use super::AppState;
+use crate::config::GateRoute;
+use crate::error::ApiError;
+use crate::queue::QueueTarget;
+use crate::store::Now;
+use crate::token::{verify, MAX_TOKEN_LEN};
+
+pub const TOKEN_HEADER: &str = "x-entry-token";
+
+/// Headers that ask some frameworks to treat a POST as another method; never allowed on a gated
+/// path, since the backend might honour one the gateway did not check.
+pub const METHOD_OVERRIDE_HEADERS: [&str; 3] = [
+    "x-http-method-override",
+    "x-method-override",
+    "x-http-method",
+];
+
+/// How far in the future a token may expire beyond the configured TTL (clock skew between
+/// instances). A token that claims to live longer was not minted by us.
+const EXPIRY_SKEW_SECS: u64 = 60;
+
+/// A request whose path has the shape of a gated route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatedPath {
+    pub route: usize,
+    /// The target, when the id slot holds plain digits naming a positive 64-bit id.
+    pub target: Option<QueueTarget>,
+    /// The path the backend receives: the template with the canonical id.
+    pub canonical: String,
+}
+
+/// Finds the gated route whose shape `path` has, whatever the method.
+pub fn match_route(routes: &[GateRoute], path: &CanonicalPath) -> Option<GatedPath> {
+    routes.iter().enumerate().find_map(|(i, r)| {
+        if r.segments.len() != path.segments.len() {
+            return None;
+        }
+        let mut id_segment = None;
+        for (want, got) in r.segments.iter().zip(&path.segments) {
+            match want {
+                Some(lit) if !lit.eq_ignore_ascii_case(got) => return None,
+                Some(_) => {}
+                None => id_segment = Some(got.as_str()),
+            }
+        }
+        let id = id_segment.and_then(lenient_id);
+        let canonical: Vec<String> = r
+            .segments
+            .iter()
+            .map(|s| match s {
+                Some(lit) => lit.clone(),
+                None => id.map_or_else(
+                    || id_segment.unwrap_or_default().to_string(),
+                    |v| v.to_string(),
+                ),
+            })
+            .collect();
+        Some(GatedPath {
+            route: i,
+            target: id.map(|id| QueueTarget::new(r.target_type, id)),
+            canonical: format!("/{}", canonical.join("/")),
+        })
+    })
+}
+
+/// Digits only (leading zeros allowed and folded), positive, fitting 64 bits.
+fn lenient_id(s: &str) -> Option<u64> {
+    if s.is_empty() || s.len() > 64 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let digits = s.trim_start_matches('0');
+    if digits.is_empty() || digits.len() > 20 {
+        return None;
+    }
+    digits.parse::<u64>().ok()
+}
+
+/// Why a gated request was refused: the status/code answered and the bounded reason counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied {
+    pub error: ApiError,
+    pub reason: &'static str,
+}
+
+fn deny(reason: &'static str, detail: &'static str) -> Denied {
+    Denied {
+        error: ApiError::BypassDenied(detail),
+        reason,
+    }
+}
+
+fn bad(reason: &'static str, detail: &'static str) -> Denied {
+    Denied {
+        error: ApiError::BadRequest(detail),
+        reason,
+    }
+}
+
+/// A passed check: what to forward and whether a single-use claim must be given back if the
+/// backend refuses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Passed {
+    pub target: QueueTarget,
+    /// False when the flag is off for this user and target, so no token was looked at.
+    pub checked: bool,
+    /// The claim id taken for this token, when single use is on and the store answered.
+    pub claim: Option<String>,
+}
+
+fn single(headers: &HeaderMap, name: &str) -> Result<Option<String>, ()> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (None, _) => Ok(None),
+        (Some(v), None) => v.to_str().map(|s| Some(s.to_string())).map_err(|_| ()),
+        _ => Err(()),
+    }
+}
+
+/// Header checks that apply to every request on a gated path, whatever its method.
+pub fn check_overrides(headers: &HeaderMap) -> Result<(), Denied> {
+    if METHOD_OVERRIDE_HEADERS
+        .iter()
+        .any(|h| headers.contains_key(*h))
+    {
+        return Err(bad(
+            "method_override",
+            "method-override headers are not allowed on this route",
+        ));
+    }
+    Ok(())
+}
+
+/// The full check of a gated request (method already matched).
+pub async fn check(
+    state: &AppState,
+    gated: &GatedPath,
+    headers: &HeaderMap,
+    now: Now,
+) -> Result<Passed, Denied> {
+    let target = gated
+        .target
+        .ok_or_else(|| bad("bad_target_id", "the target id must be a positive integer"))?;
+    let user = super::api::user_id(headers).map_err(|error| Denied {
+        error,
+        reason: "bad_user_id",
+    })?;
+    let token = single(headers, TOKEN_HEADER).map_err(|()| {
+        bad(
+            "duplicate_token",
+            "exactly one X-Entry-Token header is allowed",
+        )
+    })?;
+    if !state.flag.queue_on(target, user) {
+        return Ok(Passed {
+            target,
+            checked: false,
+            claim: None,
+        });
+    }
+    let token = token.ok_or_else(|| deny("missing_token", "an entry token is required"))?;
+    if token.len() > MAX_TOKEN_LEN {
+        return Err(bad("token_too_long", "the entry token is too long"));
+    }
+    let now_s = now.epoch_ms / 1000;
+    let claims = verify(&state.keys, &token, now_s).map_err(|e| Denied {
+        error: ApiError::BypassDenied("the entry token is not valid"),
+        reason: e.reason(),
+    })?;
+    if claims.target_type != target.kind || claims.target_id != target.id {
+        return Err(deny("wrong_target", "the entry token is for another sale"));
+    }
+    if claims.user_id != user {
+        return Err(deny(
+            "wrong_user",
+            "the entry token belongs to another user",
+        ));
+    }
+    if claims.expires_at > now_s + state.config.token_ttl.as_secs() + EXPIRY_SKEW_SECS {
+        return Err(deny("expiry_too_far", "the entry token is not valid"));
+    }
+    if !state.config.single_use {
+        return Ok(Passed {
+            target,
+            checked: true,
+            claim: None,
+        });
+    }
+    let id = token_id(&token);
+    let ttl = Duration::from_secs(claims.expires_at.saturating_sub(now_s).max(1));
+    match state.store.claim(target, &id, ttl, now).await {
+        Ok(true) => {
+            state.store_ok();
+            Ok(Passed {
+                target,
+                checked: true,
+                claim: Some(id),
+            })
+        }
+        Ok(false) => {
+            state.store_ok();
+            Err(deny(
+                "already_used",
+                "the entry token has been used already",
+            ))
+        }
+        Err(e) => {
+            // HMAC and expiry still hold; only the single-use promise is suspended.
+            state.store_failed("claim", &e);
+            Ok(Passed {
+                target,
+                checked: true,
+                claim: None,
+            })
+        }
+    }
+}
+
+/// A short, stable id of a token for its single-use claim: SHA-256 of the token, first 16 bytes.
+fn token_id(token: &str) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    d.as_ref()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Whether `method` is the one the route gates.
+pub fn gates_method(route: &GateRoute, method: &Method) -> bool {
+    route.method == *method
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::gateway::path::canonicalize;
+    use crate::queue::TargetType;
+
+    fn routes() -> Vec<GateRoute> {
+        Config::from_toml("").unwrap().gate_routes
+    }
+
+    fn m(p: &str) -> Option<GatedPath> {
+        match_route(&routes(), &canonicalize(p.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn default_routes_match_their_spellings() {
+        let drop42 = Some(QueueTarget::new(TargetType::LimitedDrop, 42));
+        for p in [
+            "/limited-drops/42/orders",
+            "/limited-drops/42/orders/",
+            "//limited-drops//42//orders",
+            "/LIMITED-DROPS/42/Orders",
+            "/limited-drops/%34%32/orders",
+            "/limited-drops/042/orders",
+            "/limited%2Ddrops/42/%6frders",
+        ] {
+            let g = m(p).unwrap_or_else(|| panic!("{p} not gated"));
+            assert_eq!(g.target, drop42, "{p}");
+            assert_eq!(g.canonical, "/limited-drops/42/orders", "{p}");
+        }
+        let g = m("/events/7/seats/select").unwrap();
+        assert_eq!(
+            g.target,
+            Some(QueueTarget::new(TargetType::TicketingEvent, 7))
+        );
+    }
+
+    #[test]
+    fn odd_ids_are_gated_without_a_target() {
+        for p in [
+            "/limited-drops/+42/orders",
+            "/limited-drops/abc/orders",
+            "/limited-drops/0/orders",
+            "/limited-drops/4%202/orders",
+        ] {
+            let g = m(p).unwrap_or_else(|| panic!("{p} not gated"));
+            assert_eq!(g.target, None, "{p}");
+        }
+    }
+
+    #[test]
+    fn other_paths_are_not_gated() {
+        for p in [
+            "/events/7/seats/purchase",
+            "/limited-drops/42",
+            "/limited-drops/42/orders/extra",
+            "/limited-drops/42/orders%20",
+            "/x/limited-drops/42/orders",
+        ] {
+            assert_eq!(m(p), None, "{p}");
+        }
+    }
+
+    #[test]
+    fn lenient_ids() {
+        assert_eq!(lenient_id("42"), Some(42));
+        assert_eq!(lenient_id("00042"), Some(42));
+        assert_eq!(lenient_id("18446744073709551615"), Some(u64::MAX));
+        for bad in ["", "0", "000", "18446744073709551616", "-1", "+1", "1a"] {
+            assert_eq!(lenient_id(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn override_headers_are_refused() {
+        let mut h = HeaderMap::new();
+        assert!(check_overrides(&h).is_ok());
+        h.insert("x-http-method-override", "GET".parse().unwrap());
+        assert_eq!(check_overrides(&h).unwrap_err().reason, "method_override");
+    }
+
+    #[test]
+    fn token_ids_are_stable_hex() {
+        assert_eq!(token_id("a"), token_id("a"));
+        assert_ne!(token_id("a"), token_id("b"));
+        assert_eq!(token_id("a").len(), 32);
+    }
+}

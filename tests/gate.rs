@@ -1,0 +1,515 @@
+//! The entry-token gate over HTTP (SPEC §6) with a recording backend: what reaches a gated
+//! handler, and what never does.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use base64::Engine as _;
+use common::*;
+use ring::hmac;
+
+const ORDERS: &str = "/limited-drops/42/orders";
+const OLD_SECRET: &str = "old-secret-abcdefghijklmnopqrstuvwxyz-0123";
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Mints a token straight from SPEC §6 with `ring` and `base64`, independent of the gateway code.
+fn token_for(secret: &str, payload: &str) -> String {
+    let key = hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes());
+    let mac = hmac::sign(&key, payload.as_bytes());
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    format!("{}.{}", b64.encode(payload), b64.encode(mac.as_ref()))
+}
+
+fn valid(user: u64) -> String {
+    token_for(
+        TEST_SECRET,
+        &format!("LIMITED_DROP|42|{user}|{}", now_s() + 200),
+    )
+}
+
+fn env(tweak: impl Fn(&mut ConfigFile)) -> (GatewayProc, Upstream) {
+    let up = Upstream::start();
+    let mut cfg = test_config(up.addr);
+    cfg.queue.tick_ms = 3_600_000;
+    tweak(&mut cfg);
+    (GatewayProc::start(cfg), up)
+}
+
+fn buy(
+    c: &mut Client,
+    path: &str,
+    user: &str,
+    token: Option<&str>,
+    extra: &[(&str, &str)],
+) -> Response {
+    let mut h: Vec<(&str, &str)> = vec![("X-User-Id", user), ("Content-Type", "application/json")];
+    if let Some(t) = token {
+        h.push(("X-Entry-Token", t));
+    }
+    h.extend_from_slice(extra);
+    c.request("POST", path, &h, br#"{"quantity":1}"#).unwrap()
+}
+
+fn assert_denied(r: &Response, status: u16, code: &str) {
+    assert_eq!(r.status, status, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["code"], code);
+    assert_ne!(r.header("x-upstream"), Some("recorder"));
+}
+
+#[test]
+fn a_valid_token_goes_through_once_with_the_body_and_without_the_token() {
+    let (gw, up) = env(|_| {});
+    let mut c = gw.client();
+    let token = valid(1001);
+    let r = buy(&mut c, ORDERS, "1001", Some(&token), &[]);
+    assert_eq!(r.status, 200);
+    let seen = up.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].method, "POST");
+    assert_eq!(seen[0].target, ORDERS);
+    assert_eq!(seen[0].body, br#"{"quantity":1}"#);
+    assert_eq!(seen[0].header("x-user-id"), Some("1001"));
+    assert_eq!(
+        seen[0].header("x-entry-token"),
+        None,
+        "the token must not reach the backend"
+    );
+    assert!(!gw.log().contains(&token), "the token leaked into the log");
+    let m = gw.metrics();
+    assert!(
+        m.contains("virtual_queue_tokens_total{event=\"consumed\",target=\"LIMITED_DROP:42\"} 1"),
+        "{m}"
+    );
+}
+
+#[test]
+fn every_bad_token_is_refused_and_the_backend_sees_nothing() {
+    let (gw, up) = env(|_| {});
+    let mut c = gw.client();
+    let t = now_s();
+    let good = valid(1001);
+    let mut mutated = good.clone().into_bytes();
+    let last = mutated.len() - 1;
+    mutated[last] = if mutated[last] == b'A' { b'B' } else { b'A' };
+    let mutated = String::from_utf8(mutated).unwrap();
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("missing", String::new(), 403, "missing_token"),
+        ("mutated", mutated, 403, "bad_signature"),
+        (
+            "wrong secret",
+            token_for(OLD_SECRET, &format!("LIMITED_DROP|42|1001|{}", t + 200)),
+            403,
+            "bad_signature",
+        ),
+        (
+            "expired",
+            token_for(TEST_SECRET, &format!("LIMITED_DROP|42|1001|{}", t - 1)),
+            403,
+            "expired",
+        ),
+        (
+            "wrong type",
+            token_for(TEST_SECRET, &format!("TICKETING_EVENT|42|1001|{}", t + 200)),
+            403,
+            "wrong_target",
+        ),
+        (
+            "wrong id",
+            token_for(TEST_SECRET, &format!("LIMITED_DROP|43|1001|{}", t + 200)),
+            403,
+            "wrong_target",
+        ),
+        (
+            "wrong user",
+            token_for(TEST_SECRET, &format!("LIMITED_DROP|42|1002|{}", t + 200)),
+            403,
+            "wrong_user",
+        ),
+        (
+            "far future",
+            token_for(TEST_SECRET, &format!("LIMITED_DROP|42|1001|{}", t + 86_400)),
+            403,
+            "expiry_too_far",
+        ),
+        (
+            "extra field",
+            token_for(TEST_SECRET, &format!("LIMITED_DROP|42|1001|{}|x", t + 200)),
+            403,
+            "malformed",
+        ),
+        ("padded", format!("{good}="), 403, "malformed"),
+        ("garbage", "not-a-token".into(), 403, "malformed"),
+        ("oversized", "A".repeat(20_000), 400, "token_too_long"),
+    ];
+    for (name, token, status, reason) in &cases {
+        let tok = (!token.is_empty()).then_some(token.as_str());
+        let r = buy(&mut c, ORDERS, "1001", tok, &[]);
+        let code = if *status == 403 {
+            "QUEUE_BYPASS_DENIED"
+        } else {
+            "BAD_REQUEST"
+        };
+        assert_eq!(
+            r.status,
+            *status,
+            "{name}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.json()["code"], code, "{name}");
+        let m = gw.metrics();
+        assert!(
+            m.contains(&format!("virtual_queue_bypass_attempts_total{{reason=\"{reason}\",route=\"/limited-drops/{{id}}/orders\"}}")),
+            "{name}: reason {reason} not counted"
+        );
+    }
+    // Header hygiene.
+    assert_denied(
+        &c.request("POST", ORDERS, &[("X-Entry-Token", &good)], b"")
+            .unwrap(),
+        400,
+        "BAD_REQUEST",
+    );
+    assert_denied(
+        &buy(
+            &mut c,
+            ORDERS,
+            "1001",
+            Some(&good),
+            &[("X-User-Id", "1001")],
+        ),
+        400,
+        "BAD_REQUEST",
+    );
+    assert_denied(
+        &buy(
+            &mut c,
+            ORDERS,
+            "1001",
+            Some(&good),
+            &[("X-Entry-Token", &good)],
+        ),
+        400,
+        "BAD_REQUEST",
+    );
+    assert_eq!(up.count(), 0, "a refused request reached the backend");
+    // And the good one still works afterwards.
+    assert_eq!(buy(&mut c, ORDERS, "1001", Some(&good), &[]).status, 200);
+}
+
+#[test]
+fn no_path_spelling_reaches_a_gated_handler_without_a_token() {
+    let (gw, up) = env(|_| {});
+    let mut c = gw.client();
+    let corpus = [
+        "/limited-drops/42/orders/",
+        "//limited-drops/42/orders",
+        "/limited-drops//42/orders",
+        "/LIMITED-DROPS/42/ORDERS",
+        "/Limited-Drops/42/Orders/",
+        "/limited-drops/%34%32/orders",
+        "/limited-drops/4%32/orders",
+        "/limited%2ddrops/42/orders",
+        "/limited-drops/42/%6Frders",
+        "/limited-drops/042/orders",
+        "/limited-drops/+42/orders",
+        "/limited-drops/42%2Forders",
+        "/limited-drops%2F42/orders",
+        "/limited-drops/42/orders%2F",
+        "/limited-drops/%2e%2e/limited-drops/42/orders",
+        "/limited-drops/41/../42/orders",
+        "/limited-drops/41/%2e%2e/42/orders",
+        "/limited-drops/42/./orders",
+        "/limited-drops/42/orders/.",
+        "/limited-drops/42;x=1/orders",
+        "/limited-drops/42/orders;jsessionid=abc",
+        "/limited-drops/42/orders%3B",
+        "/limited-drops/%2531%2532/orders",
+        "/limited-drops/42/orders%00",
+        "/limited-drops/42/orders%5C",
+        "/limited-drops/42/orders?x=1",
+        "/limited-drops/42/orders#frag",
+        "http://backend.internal/limited-drops/42/orders",
+        "http://gateway.test/limited-drops/42/orders",
+        "http://gateway.test/limited-drops/%34%32/orders/",
+        "HTTP://gateway.test//limited-drops/42/orders/",
+        "/limited-drops/42/orders%C3%A9",
+        "/limited-drops/00000000000000000000042/orders",
+        "/events/7/seats/select",
+        "/EVENTS/7/Seats/Select/",
+        "/events/%37/seats/select",
+    ];
+    for path in corpus {
+        let r = buy(&mut c, path, "1001", None, &[]);
+        assert!(matches!(r.status, 400 | 403), "{path}: {}", r.status);
+        assert_ne!(
+            r.header("x-upstream"),
+            Some("recorder"),
+            "{path} reached the backend"
+        );
+    }
+    // Raw bytes the client library would not send.
+    for raw in [
+        &b"POST /limited-drops/42\\orders HTTP/1.1\r\nHost: x\r\nX-User-Id: 1\r\nContent-Length: 0\r\n\r\n"[..],
+        b"POST /limited-drops/42/orders\t HTTP/1.1\r\nHost: x\r\nX-User-Id: 1\r\nContent-Length: 0\r\n\r\n",
+        b"POST /limited-drops/42/orders HTTP/1.0\r\nX-User-Id: 1\r\nContent-Length: 0\r\n\r\n",
+    ] {
+        let mut c = gw.client();
+        if let Ok(r) = c.send_raw(raw, false) {
+            assert!(r.status >= 400, "{}: {}", String::from_utf8_lossy(raw), r.status);
+        }
+    }
+    // Method-override headers on a gated path, whatever the method.
+    let good = valid(1001);
+    for (method, header) in [
+        ("POST", "X-HTTP-Method-Override"),
+        ("GET", "X-HTTP-Method-Override"),
+        ("PUT", "X-Method-Override"),
+        ("GET", "X-HTTP-Method"),
+    ] {
+        let r = c
+            .request(
+                method,
+                ORDERS,
+                &[
+                    ("X-User-Id", "1001"),
+                    ("X-Entry-Token", &good),
+                    (header, "POST"),
+                ],
+                b"",
+            )
+            .unwrap();
+        assert_denied(&r, 400, "BAD_REQUEST");
+    }
+    assert_eq!(up.count(), 0, "{:?}", up.requests());
+}
+
+#[test]
+fn a_valid_token_with_an_odd_spelling_reaches_the_canonical_path() {
+    let (gw, up) = env(|_| {});
+    let mut c = gw.client();
+    let r = buy(
+        &mut c,
+        "//LIMITED-DROPS/%34%32/orders/?ref=app",
+        "1001",
+        Some(&valid(1001)),
+        &[],
+    );
+    assert_eq!(r.status, 200);
+    let r = buy(
+        &mut c,
+        "http://gateway.test/limited-drops/042/orders",
+        "1001",
+        Some(&valid(1001)),
+        &[],
+    );
+    assert_eq!(
+        r.status,
+        403,
+        "a token is single use: {}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let t43 = token_for(
+        TEST_SECRET,
+        &format!("LIMITED_DROP|43|1001|{}", now_s() + 200),
+    );
+    let r = buy(
+        &mut c,
+        "http://gateway.test/limited-drops/43/orders?a=b",
+        "1001",
+        Some(&t43),
+        &[],
+    );
+    assert_eq!(r.status, 200);
+    let seen: Vec<String> = up.requests().into_iter().map(|r| r.target).collect();
+    // Origin-form, canonical path, query kept.
+    assert_eq!(
+        seen,
+        vec![
+            "/limited-drops/42/orders?ref=app",
+            "/limited-drops/43/orders?a=b"
+        ]
+    );
+}
+
+#[test]
+fn ungated_routes_pass_untouched() {
+    let (gw, up) = env(|_| {});
+    let mut c = gw.client();
+    for (method, path) in [
+        ("POST", "/events/7/seats/purchase"),
+        ("GET", "/limited-drops/42/orders"),
+        ("GET", "/events/7/seats/select"),
+        ("POST", "/limited-drops/42"),
+        ("DELETE", "/limited-drops/42/orders"),
+    ] {
+        let r = c.request(method, path, &[("X-User-Id", "5")], b"").unwrap();
+        assert_eq!(r.status, 200, "{method} {path}");
+    }
+    let seen: Vec<String> = up
+        .requests()
+        .iter()
+        .map(|r| format!("{} {}", r.method, r.target))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            "POST /events/7/seats/purchase",
+            "GET /limited-drops/42/orders",
+            "GET /events/7/seats/select",
+            "POST /limited-drops/42",
+            "DELETE /limited-drops/42/orders",
+        ]
+    );
+}
+
+#[test]
+fn single_use_and_release_when_the_backend_refuses() {
+    let (gw, up) = env(|_| {});
+    let mut c = gw.client();
+    let token = valid(1001);
+    // The backend refuses (sold out, conflict): the claim is given back and the user can retry.
+    let r = buy(
+        &mut c,
+        ORDERS,
+        "1001",
+        Some(&token),
+        &[("x-upstream-status", "409")],
+    );
+    assert_eq!(r.status, 409);
+    let r = buy(&mut c, ORDERS, "1001", Some(&token), &[]);
+    assert_eq!(r.status, 200);
+    // Used once successfully: a replay is refused.
+    let r = buy(&mut c, ORDERS, "1001", Some(&token), &[]);
+    assert_denied(&r, 403, "QUEUE_BYPASS_DENIED");
+    assert_eq!(up.count(), 2);
+    assert!(gw.metrics().contains("reason=\"already_used\""));
+}
+
+#[test]
+fn single_use_can_be_switched_off() {
+    let (gw, up) = env(|c| c.token.single_use = false);
+    let mut c = gw.client();
+    let token = valid(7);
+    for _ in 0..3 {
+        assert_eq!(buy(&mut c, ORDERS, "7", Some(&token), &[]).status, 200);
+    }
+    assert_eq!(up.count(), 3);
+}
+
+#[test]
+fn single_use_holds_across_instances_on_redis() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let gws: Vec<GatewayProc> = (0..2)
+        .map(|_| {
+            let mut cfg = test_config(up.addr);
+            cfg.store.backend = "redis".into();
+            cfg.store.redis_url = redis.url();
+            GatewayProc::start(cfg)
+        })
+        .collect();
+    let token = valid(9);
+    assert_eq!(
+        buy(&mut gws[0].client(), ORDERS, "9", Some(&token), &[]).status,
+        200
+    );
+    assert_denied(
+        &buy(&mut gws[1].client(), ORDERS, "9", Some(&token), &[]),
+        403,
+        "QUEUE_BYPASS_DENIED",
+    );
+    assert_eq!(up.count(), 1);
+}
+
+#[test]
+fn rotation_accepts_the_previous_secret_for_verification_only() {
+    let up = Upstream::start();
+    let cfg = test_config(up.addr);
+    let gw = GatewayProc::start_with_env(
+        cfg,
+        &[
+            ("VQ_TOKEN_SECRET", TEST_SECRET),
+            ("VQ_TOKEN_SECRET_PREVIOUS", OLD_SECRET),
+        ],
+    );
+    let mut c = gw.client();
+    let old = token_for(OLD_SECRET, &format!("LIMITED_DROP|42|5|{}", now_s() + 100));
+    assert_eq!(buy(&mut c, ORDERS, "5", Some(&old), &[]).status, 200);
+    let new = valid(6);
+    assert_eq!(buy(&mut c, ORDERS, "6", Some(&new), &[]).status, 200);
+    // New tokens are signed with the current secret.
+    let v = c
+        .request(
+            "POST",
+            "/virtual-queues/limited-drop/42/entries",
+            &[("X-User-Id", "8")],
+            b"",
+        )
+        .unwrap()
+        .json();
+    assert_eq!(v["status"], "WAITING");
+    let (gw2, _up2) = env(|c| c.flag.enabled = false);
+    let v = gw2
+        .client()
+        .request(
+            "POST",
+            "/virtual-queues/limited-drop/42/entries",
+            &[("X-User-Id", "8")],
+            b"",
+        )
+        .unwrap()
+        .json();
+    let t = v["entryToken"].as_str().unwrap();
+    let keys = vq_gateway::token::TokenKeys::new(TEST_SECRET.as_bytes(), None);
+    assert!(vq_gateway::token::verify(&keys, t, now_s()).is_ok());
+    assert!(!gw.log().contains(OLD_SECRET) && !gw.log().contains(TEST_SECRET));
+}
+
+#[test]
+fn tokens_from_the_queue_open_the_gate() {
+    let (gw, up) = env(|c| {
+        c.queue.tick_ms = 100;
+    });
+    let mut c = gw.client();
+    c.request(
+        "POST",
+        "/virtual-queues/limited-drop/42/entries",
+        &[("X-User-Id", "31")],
+        b"",
+    )
+    .unwrap();
+    let mut token = None;
+    assert!(wait_until(std::time::Duration::from_secs(5), || {
+        let v = c
+            .get(
+                "/virtual-queues/limited-drop/42/entries/me",
+                &[("X-User-Id", "31")],
+            )
+            .unwrap()
+            .json();
+        token = v["entryToken"].as_str().map(String::from);
+        token.is_some()
+    }));
+    let token = token.unwrap();
+    assert_eq!(buy(&mut c, ORDERS, "31", Some(&token), &[]).status, 200);
+    assert_denied(
+        &buy(&mut c, ORDERS, "32", Some(&token), &[]),
+        403,
+        "QUEUE_BYPASS_DENIED",
+    );
+    assert_eq!(up.count(), 1);
+}
+
+#[test]
+fn the_gate_skips_users_the_flag_leaves_out() {
+    let (gw, up) = env(|c| c.flag.enabled = false);
+    assert_eq!(buy(&mut gw.client(), ORDERS, "77", None, &[]).status, 200);
+    assert_eq!(up.count(), 1);
+}
