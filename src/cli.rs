@@ -1,8 +1,8 @@
-//! The command line (clap): `serve`, `check-config`.
+//! The command line (clap): `serve`, `check-config`, `flag show|set`.
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -27,5 +27,38 @@ pub enum Command {
     CheckConfig {
         #[arg(long, short)]
         config: PathBuf,
+    },
+    /// Show or change the runtime queue flag in Redis (every instance follows within 3 s).
+    Flag {
+        #[command(subcommand)]
+        action: FlagAction,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FlagAction {
+    /// Print the TOML defaults, the runtime overrides and the effective state.
+    Show {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Turn the queue on or off, globally or for one target, and set the rollout percentage.
+    Set {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(long)]
+        enabled: Option<OnOff>,
+        /// Percentage of users (by stable bucket) who go through the queue, 0..=100. Global.
+        #[arg(long)]
+        rollout: Option<u8>,
+        /// Apply --enabled to one target only, e.g. LIMITED_DROP:42.
+        #[arg(long)]
+        target: Option<String>,
     },
 }

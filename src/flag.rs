@@ -39,6 +39,58 @@ impl FlagState {
     }
 }
 
+/// The Redis hash that overrides the TOML defaults at run time (SPEC §7).
+pub const FLAG_KEY: &str = "queue:flag";
+
+/// Parses `on` / `off`, the only spellings the flag hash uses.
+pub fn parse_on_off(v: &str) -> Option<bool> {
+    match v {
+        "on" => Some(true),
+        "off" => Some(false),
+        _ => None,
+    }
+}
+
+impl FlagState {
+    /// The state the fields of `queue:flag` describe, on top of the TOML `defaults`. A field with
+    /// a bad value keeps the default and is reported, never guessed at.
+    pub fn with_overrides(
+        defaults: &FlagState,
+        fields: &[(String, String)],
+    ) -> (FlagState, Vec<String>) {
+        let mut state = defaults.clone();
+        let mut problems = Vec::new();
+        for (name, value) in fields {
+            match name.as_str() {
+                "enabled" => match parse_on_off(value) {
+                    Some(on) => state.enabled = on,
+                    None => problems.push(format!(
+                        "{FLAG_KEY} enabled = `{value}`: expected on or off"
+                    )),
+                },
+                "rollout_percent" => match value.parse::<u8>() {
+                    Ok(p) if p <= 100 => state.rollout_percent = p,
+                    _ => problems.push(format!(
+                        "{FLAG_KEY} rollout_percent = `{value}`: expected 0..=100"
+                    )),
+                },
+                other => match (QueueTarget::parse_key(other), parse_on_off(value)) {
+                    (Some(target), Some(on)) => {
+                        state.per_target.insert(target, on);
+                    }
+                    (Some(_), None) => problems.push(format!(
+                        "{FLAG_KEY} {other} = `{value}`: expected on or off"
+                    )),
+                    (None, _) => {
+                        problems.push(format!("{FLAG_KEY} has an unknown field `{other}`"))
+                    }
+                },
+            }
+        }
+        (state, problems)
+    }
+}
+
 /// The user's stable rollout bucket, 0..100: the first 8 bytes of SHA-256 of the decimal user id,
 /// big-endian, mod 100. Written out so any other service can compute the same bucket.
 pub fn bucket(user: u64) -> u8 {
@@ -99,6 +151,36 @@ mod tests {
             counts.iter().all(|&c| (800..1200).contains(&c)),
             "{counts:?}"
         );
+    }
+
+    #[test]
+    fn hash_fields_override_the_defaults() {
+        let defaults = FlagState::new(false, 100);
+        let f = |pairs: &[(&str, &str)]| {
+            let fields: Vec<(String, String)> = pairs
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect();
+            FlagState::with_overrides(&defaults, &fields)
+        };
+        let (s, problems) = f(&[
+            ("enabled", "on"),
+            ("rollout_percent", "10"),
+            ("LIMITED_DROP:42", "off"),
+        ]);
+        assert!(problems.is_empty());
+        assert!(s.enabled);
+        assert_eq!(s.rollout_percent, 10);
+        let t = QueueTarget::new(crate::queue::TargetType::LimitedDrop, 42);
+        assert_eq!(s.per_target.get(&t), Some(&false));
+        let (s, problems) = f(&[
+            ("enabled", "yes"),
+            ("rollout_percent", "101"),
+            ("LIMITED_DROP:x", "on"),
+            ("LIMITED_DROP:1", "1"),
+        ]);
+        assert_eq!(s, defaults);
+        assert_eq!(problems.len(), 4, "{problems:?}");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //! - `config`   — TOML file → validated `Config` (SPEC §8).
-//! - `cli`      — `serve`, `check-config`.
+//! - `cli`      — `serve`, `check-config`, `flag show|set`.
+//! - `ops`      — the `flag` commands: read and write `queue:flag` in Redis.
 //! - `server`   — builds the Pingora server: ports, upstream, store, services.
 //! - `gateway`  — the public listener (`ProxyHttp`): `path` (strict canonicalisation),
 //!   `route` (classification), `api` (queue handlers), `admin` (health, readiness, metrics).
@@ -28,6 +29,7 @@ pub mod flag;
 pub mod gateway;
 pub mod logging;
 pub mod metrics;
+pub mod ops;
 pub mod pump;
 pub mod queue;
 pub mod server;

@@ -4,8 +4,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use vq_gateway::cli::{Cli, Command};
+use vq_gateway::cli::{Cli, Command, FlagAction, OnOff};
 use vq_gateway::config::Config;
+use vq_gateway::ops::{self, FlagChange, OpsError};
 use vq_gateway::{logging, server};
 
 /// `EX_USAGE`: the configuration or environment given to us is unusable.
@@ -26,6 +27,7 @@ fn main() -> ExitCode {
                 ExitCode::from(EXIT_CONFIG)
             }
         },
+        Command::Flag { action } => flag(action),
         Command::Serve { config } => {
             let config = match Config::load(&config) {
                 Ok(c) => c,
@@ -58,6 +60,50 @@ fn main() -> ExitCode {
             built.server.run(pingora::server::RunArgs::default());
             tracing::info!("vq-gateway stopped");
             ExitCode::SUCCESS
+        }
+    }
+}
+
+fn flag(action: FlagAction) -> ExitCode {
+    let (path, change) = match &action {
+        FlagAction::Show { config } => (config, None),
+        FlagAction::Set {
+            config,
+            enabled,
+            rollout,
+            target,
+        } => (
+            config,
+            Some(FlagChange {
+                enabled: enabled.map(|e| e == OnOff::On),
+                rollout: *rollout,
+                target: target.clone(),
+            }),
+        ),
+    };
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vq-gateway: {}: {e}", path.display());
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let result = match change {
+        None => ops::show(&config),
+        Some(change) => ops::set(&config, &change),
+    };
+    match result {
+        Ok(out) => {
+            println!("{}", out.trim_end());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("vq-gateway: {e}");
+            let code = match e {
+                OpsError::NotRedis | OpsError::Usage(_) => EXIT_CONFIG,
+                OpsError::Unreachable(..) | OpsError::Store(_) => EXIT_START,
+            };
+            ExitCode::from(code)
         }
     }
 }

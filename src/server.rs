@@ -4,6 +4,7 @@
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::server::configuration::ServerConf;
@@ -88,19 +89,59 @@ fn resolve(addr: &str) -> Result<SocketAddr, StartError> {
         .ok_or_else(|| err("no address found".into()))
 }
 
-/// Keeps the Redis connection task on a runtime that lives as long as the server.
-struct RedisConnection {
+/// How often each instance re-reads `queue:flag` (SPEC §7: every instance within 3 s).
+pub const FLAG_REFRESH: Duration = Duration::from_secs(1);
+
+/// Keeps the Redis connection task on a runtime that lives as long as the server, and refreshes
+/// the runtime flag from `queue:flag` (the last known value stays while Redis is unreachable).
+struct RedisService {
     store: Arc<RedisStore>,
+    state: Arc<AppState>,
+    defaults: FlagState,
+}
+
+impl RedisService {
+    async fn refresh_flag(&self) {
+        let mut reported: Vec<String> = Vec::new();
+        let mut ticker = tokio::time::interval(FLAG_REFRESH);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            match self.store.read_flag().await {
+                Ok(fields) => {
+                    let (next, problems) = FlagState::with_overrides(&self.defaults, &fields);
+                    if problems != reported {
+                        for p in &problems {
+                            tracing::warn!(problem = %p, "ignoring a bad runtime flag field");
+                        }
+                        reported = problems;
+                    }
+                    if next != self.state.flag.snapshot() {
+                        tracing::info!(
+                            enabled = next.enabled,
+                            rollout_percent = next.rollout_percent,
+                            targets = next.per_target.len(),
+                            "runtime flag changed"
+                        );
+                        self.state.flag.set(next);
+                    }
+                }
+                Err(e) => self.state.store_failed("flag", &e),
+            }
+        }
+    }
 }
 
 #[async_trait]
-impl BackgroundService for RedisConnection {
+impl BackgroundService for RedisService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        self.store
-            .run_connection(async move {
-                let _ = shutdown.changed().await;
-            })
-            .await;
+        let connection = self.store.run_connection(async move {
+            let _ = shutdown.changed().await;
+        });
+        tokio::select! {
+            _ = connection => {}
+            _ = self.refresh_flag() => {}
+        }
     }
 }
 
@@ -163,9 +204,14 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     ));
 
     if let Some(store) = redis_store {
+        let defaults = state.flag.snapshot();
         server.add_service(background_service(
-            "redis connection",
-            RedisConnection { store },
+            "redis",
+            RedisService {
+                store,
+                state: state.clone(),
+                defaults,
+            },
         ));
     }
     state.metrics.up.set(1);

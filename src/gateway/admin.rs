@@ -1,8 +1,9 @@
 //! The admin listener (keep it private): `/healthz`, `/readyz`, `/metrics`.
 //!
-//! `/readyz` answers 200 once the public listener accepts connections. It reports the store's
-//! state in its body but never turns not-ready because of it: a load balancer that pulled every
-//! replica while Redis is down would defeat failing open (SPEC §7).
+//! `/readyz` answers 200 once the public listener accepts connections and the store's start-up is
+//! over (Redis connected with its scripts loaded, or given up on after a short wait). It reports
+//! the store's state in its body but never turns not-ready because Redis is down: a load balancer
+//! that pulled every replica then would defeat failing open (SPEC §7).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,9 +38,10 @@ impl AdminApp {
             Ok(()) => "ok",
             Err(_) => "unavailable (failing open)",
         };
-        let status = if proxy_up { 200 } else { 503 };
+        let ready = proxy_up && self.state.store.started();
+        let status = if ready { 200 } else { 503 };
         let body = serde_json::json!({
-            "ready": proxy_up,
+            "ready": ready,
             "store": self.state.store.kind(),
             "storeState": store,
         });

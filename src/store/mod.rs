@@ -6,6 +6,7 @@
 //! responses and never mints tokens itself: the caller passes a ready candidate token in, so both
 //! stores store exactly the bytes the gateway signed.
 
+mod breaker;
 mod memory;
 mod redis;
 mod scripts;
@@ -131,6 +132,12 @@ pub trait QueueStore: Send + Sync + 'static {
 
     /// Whether the store currently answers (for `/readyz`).
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Whether start-up is over: connected with scripts loaded, or given up waiting and failing
+    /// open. `/readyz` waits for it so the first requests do not fail open needlessly.
+    fn started(&self) -> bool {
+        true
+    }
 
     /// Targets the pump should visit; targets whose keys expired are dropped from the set.
     async fn active_targets(&self, now: Now) -> Result<Vec<QueueTarget>, StoreError>;

@@ -18,6 +18,7 @@ use fred::prelude::*;
 use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand};
 
+use super::breaker::Breaker;
 use super::scripts::{Script, Scripts, TargetKeys, ACTIVE_KEY};
 use super::{
     Advance, AdvanceOutcome, EnterOutcome, Now, PollOutcome, QueueStore, StoreError,
@@ -29,9 +30,18 @@ use crate::queue::{QueueStats, QueueTarget};
 /// whose keys expired, so a live target must be re-registered now and then).
 const ACTIVE_REFRESH: Duration = Duration::from_secs(10);
 
+/// Consecutive failures that open the breaker, and how long it stays open.
+const BREAKER_THRESHOLD: u32 = 5;
+const BREAKER_OPEN_FOR: Duration = Duration::from_millis(500);
+
+/// How long start-up waits for a first connection before it declares itself ready (failing open).
+const STARTUP_WAIT: Duration = Duration::from_secs(2);
+
 pub struct RedisStore {
     client: Client,
     options: Options,
+    breaker: Breaker,
+    started: std::sync::atomic::AtomicBool,
     scripts: Scripts,
     registered: Mutex<HashMap<QueueTarget, Instant>>,
 }
@@ -67,6 +77,8 @@ impl RedisStore {
         Ok(RedisStore {
             client,
             options,
+            breaker: Breaker::new(BREAKER_THRESHOLD, BREAKER_OPEN_FOR),
+            started: std::sync::atomic::AtomicBool::new(false),
             scripts: Scripts::load(),
             registered: Mutex::new(HashMap::new()),
         })
@@ -79,9 +91,14 @@ impl RedisStore {
         let preload = async {
             // Scripts are also loaded on demand (NOSCRIPT); loading them up front keeps the first
             // requests after start from paying for it.
-            if self.client.wait_for_connect().await.is_ok() {
-                self.load_scripts().await;
+            match tokio::time::timeout(STARTUP_WAIT, self.client.wait_for_connect()).await {
+                Ok(Ok(())) => self.load_scripts().await,
+                _ => tracing::warn!(
+                    "redis is not reachable at start; failing open and reconnecting in the background"
+                ),
             }
+            self.started
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             std::future::pending::<()>().await
         };
         tokio::select! {
@@ -102,19 +119,89 @@ impl RedisStore {
         }
     }
 
-    /// The raw client, for operations outside the queue scripts (flag, tests).
-    pub fn client(&self) -> &Client {
-        &self.client
+    /// The fields of the runtime flag hash (`queue:flag`).
+    pub async fn read_flag(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let reply = self
+            .command("HGETALL", vec![crate::flag::FLAG_KEY.into()])
+            .await
+            .map_err(unavailable)?;
+        let items = match reply {
+            Value::Map(map) => map
+                .inner()
+                .into_iter()
+                .map(|(k, v)| (k.as_str().map(|s| s.to_string()), v.as_string()))
+                .collect::<Vec<_>>(),
+            Value::Array(items) => items
+                .chunks(2)
+                .map(|pair| {
+                    (
+                        pair.first().and_then(|k| k.as_string()),
+                        pair.get(1).and_then(|v| v.as_string()),
+                    )
+                })
+                .collect(),
+            Value::Null => Vec::new(),
+            other => return Err(protocol("flag hash", &other)),
+        };
+        Ok(items
+            .into_iter()
+            .filter_map(|(k, v)| Some((k?, v?)))
+            .collect())
+    }
+
+    /// Writes fields of the runtime flag hash.
+    pub async fn write_flag(&self, fields: &[(String, String)]) -> Result<(), StoreError> {
+        let mut args: Vec<Value> = vec![crate::flag::FLAG_KEY.into()];
+        for (k, v) in fields {
+            args.push(k.as_str().into());
+            args.push(v.as_str().into());
+        }
+        self.command("HSET", args).await.map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Removes fields of the runtime flag hash (back to the TOML default).
+    pub async fn clear_flag(&self, fields: &[String]) -> Result<(), StoreError> {
+        let mut args: Vec<Value> = vec![crate::flag::FLAG_KEY.into()];
+        args.extend(fields.iter().map(|f| Value::from(f.as_str())));
+        self.command("HDEL", args).await.map_err(unavailable)?;
+        Ok(())
     }
 
     async fn command(&self, name: &'static str, args: Vec<Value>) -> Result<Value, Error> {
-        self.client
+        if !self.breaker.allow(Instant::now()) {
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                "circuit open: redis is not answering",
+            ));
+        }
+        let result = self
+            .client
             .with_options(&self.options)
             .custom(
                 CustomCommand::new_static(name, ClusterHash::FirstKey, false),
                 args,
             )
-            .await
+            .await;
+        match &result {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::Timeout | ErrorKind::IO | ErrorKind::Canceled
+                ) =>
+            {
+                if self.breaker.failure(Instant::now()) {
+                    // A hung connection may never error by itself: rebuild it.
+                    let client = self.client.clone();
+                    tokio::spawn(async move {
+                        let _ = client.force_reconnection().await;
+                    });
+                }
+            }
+            // A reply, even an error reply, means Redis is there.
+            _ => self.breaker.success(),
+        }
+        result
     }
 
     async fn eval(
@@ -348,6 +435,10 @@ impl QueueStore for RedisStore {
     async fn ping(&self) -> Result<(), StoreError> {
         self.command("PING", vec![]).await.map_err(unavailable)?;
         Ok(())
+    }
+
+    fn started(&self) -> bool {
+        self.started.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     async fn active_targets(&self, _now: Now) -> Result<Vec<QueueTarget>, StoreError> {

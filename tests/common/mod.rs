@@ -100,7 +100,7 @@ pub struct GatewayProc {
 }
 
 impl GatewayProc {
-    /// Starts the gateway with the test secret and waits until both listeners answer.
+    /// Starts the gateway with the test secret and waits until it reports ready.
     pub fn start(config: ConfigFile) -> GatewayProc {
         GatewayProc::start_with_env(config, &[("VQ_TOKEN_SECRET", TEST_SECRET)])
     }
@@ -135,7 +135,7 @@ impl GatewayProc {
             }
             TcpStream::connect(gw.listen).is_ok()
                 && Client::connect(gw.admin)
-                    .get("/healthz", &[])
+                    .get("/readyz", &[])
                     .is_ok_and(|r| r.status == 200)
         });
         assert!(up, "gateway did not come up:\n{}", gw.log());

@@ -1,0 +1,143 @@
+//! `vq-gateway flag show|set`: the ops toggle (SPEC §7). Reads and writes the same `queue:flag`
+//! hash every instance refreshes from, so a change is live everywhere within 3 s, no deploy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{redact_url, Config, StoreBackend};
+use crate::flag::{FlagState, FLAG_KEY};
+use crate::queue::QueueTarget;
+use crate::store::{QueueStore, RedisStore};
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    #[error("the configured store is `memory`: the flag can only be changed at run time with the redis store (edit [flag] in the TOML file and restart instead)")]
+    NotRedis,
+    #[error("cannot reach Redis at {0} within {1:?}")]
+    Unreachable(String, Duration),
+    #[error("{0}")]
+    Usage(String),
+    #[error("redis: {0}")]
+    Store(String),
+}
+
+/// What `flag set` changes.
+#[derive(Debug, Clone, Default)]
+pub struct FlagChange {
+    pub enabled: Option<bool>,
+    pub rollout: Option<u8>,
+    pub target: Option<String>,
+}
+
+const CONNECT_WITHIN: Duration = Duration::from_secs(3);
+
+fn runtime() -> Result<tokio::runtime::Runtime, OpsError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| OpsError::Store(e.to_string()))
+}
+
+async fn connect(config: &Config) -> Result<Arc<RedisStore>, OpsError> {
+    let StoreBackend::Redis { url } = &config.store else {
+        return Err(OpsError::NotRedis);
+    };
+    let store = Arc::new(
+        RedisStore::new(url, Duration::from_secs(2)).map_err(|e| OpsError::Store(e.to_string()))?,
+    );
+    let conn = store.clone();
+    tokio::spawn(async move { conn.run_connection(std::future::pending()).await });
+    let deadline = tokio::time::Instant::now() + CONNECT_WITHIN;
+    while tokio::time::Instant::now() < deadline {
+        if store.ping().await.is_ok() {
+            return Ok(store);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(OpsError::Unreachable(redact_url(url), CONNECT_WITHIN))
+}
+
+/// `flag show`: the TOML defaults, the runtime overrides and the resulting state.
+pub fn show(config: &Config) -> Result<String, OpsError> {
+    runtime()?.block_on(async {
+        let store = connect(config).await?;
+        let fields = store
+            .read_flag()
+            .await
+            .map_err(|e| OpsError::Store(e.to_string()))?;
+        let defaults = FlagState::new(config.flag_enabled, config.rollout_percent);
+        let (state, problems) = FlagState::with_overrides(&defaults, &fields);
+        let on_off = |b: bool| if b { "on" } else { "off" };
+        let mut out = format!(
+            "enabled: {} (TOML default {})\nrollout_percent: {} (TOML default {})\n",
+            on_off(state.enabled),
+            on_off(defaults.enabled),
+            state.rollout_percent,
+            defaults.rollout_percent
+        );
+        let mut targets: Vec<_> = state.per_target.iter().collect();
+        targets.sort();
+        for (t, on) in targets {
+            out.push_str(&format!("{t}: {}\n", on_off(*on)));
+        }
+        out.push_str(&format!("raw {FLAG_KEY}: {fields:?}\n"));
+        for p in problems {
+            out.push_str(&format!("ignored: {p}\n"));
+        }
+        Ok(out)
+    })
+}
+
+/// `flag set`: writes the change to `queue:flag`.
+pub fn set(config: &Config, change: &FlagChange) -> Result<String, OpsError> {
+    let mut fields = Vec::new();
+    match &change.target {
+        Some(t) => {
+            let target = QueueTarget::parse_key(t).ok_or_else(|| {
+                OpsError::Usage(format!(
+                    "--target `{t}` is not TYPE:ID (e.g. LIMITED_DROP:42)"
+                ))
+            })?;
+            if change.rollout.is_some() {
+                return Err(OpsError::Usage(
+                    "--rollout is global; set it without --target".into(),
+                ));
+            }
+            let on = change
+                .enabled
+                .ok_or_else(|| OpsError::Usage("--target needs --enabled on|off".into()))?;
+            fields.push((
+                target.to_string(),
+                if on { "on" } else { "off" }.to_string(),
+            ));
+        }
+        None => {
+            if let Some(on) = change.enabled {
+                fields.push((
+                    "enabled".to_string(),
+                    if on { "on" } else { "off" }.to_string(),
+                ));
+            }
+            if let Some(p) = change.rollout {
+                if p > 100 {
+                    return Err(OpsError::Usage(format!("--rollout {p} is outside 0..=100")));
+                }
+                fields.push(("rollout_percent".to_string(), p.to_string()));
+            }
+            if fields.is_empty() {
+                return Err(OpsError::Usage(
+                    "nothing to set: give --enabled and/or --rollout".into(),
+                ));
+            }
+        }
+    }
+    runtime()?.block_on(async {
+        let store = connect(config).await?;
+        store
+            .write_flag(&fields)
+            .await
+            .map_err(|e| OpsError::Store(e.to_string()))?;
+        let written: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        Ok(format!("{FLAG_KEY}: set {}", written.join(" ")))
+    })
+}
