@@ -62,6 +62,9 @@ impl Pump {
     pub async fn tick(&self) -> TickReport {
         let mut report = TickReport::default();
         let store = &self.state.store;
+        if !store.started() {
+            return report;
+        }
         let targets = match store.active_targets(now()).await {
             Ok(t) => t,
             Err(e) => {

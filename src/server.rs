@@ -102,6 +102,9 @@ struct RedisService {
 
 impl RedisService {
     async fn refresh_flag(&self) {
+        while !self.store.started() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let mut reported: Vec<String> = Vec::new();
         let mut ticker = tokio::time::interval(FLAG_REFRESH);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -55,8 +55,10 @@ impl std::fmt::Debug for RedisStore {
 impl RedisStore {
     /// Builds the client without connecting; see `run_connection`.
     pub fn new(url: &str, command_timeout: Duration) -> Result<RedisStore, StoreError> {
-        let config = Config::from_url(url)
+        let mut config = Config::from_url(url)
             .map_err(|e| StoreError::Protocol(format!("bad redis url: {}", e.details())))?;
+        // Keep trying when Redis is not there at start (the gateway fails open meanwhile).
+        config.fail_fast = false;
         let client = Builder::from_config(config)
             .with_performance_config(|p| p.default_command_timeout = command_timeout)
             .with_connection_config(|c| {
@@ -184,12 +186,8 @@ impl RedisStore {
             )
             .await;
         match &result {
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::Timeout | ErrorKind::IO | ErrorKind::Canceled
-                ) =>
-            {
+            // Only silence counts: a disconnected client already fails at once (fail-fast).
+            Err(e) if *e.kind() == ErrorKind::Timeout => {
                 if self.breaker.failure(Instant::now()) {
                     // A hung connection may never error by itself: rebuild it.
                     let client = self.client.clone();
@@ -227,7 +225,9 @@ impl RedisStore {
     }
 
     /// Adds the target to `queue:active` at most every `ACTIVE_REFRESH` per instance.
-    async fn register(&self, target: QueueTarget) -> Result<(), StoreError> {
+    /// `fresh` (the target's first seq) registers at once: the target's keys were just created,
+    /// perhaps in a Redis that restarted empty and lost `queue:active` with them.
+    async fn register(&self, target: QueueTarget, fresh: bool) -> Result<(), StoreError> {
         let due = {
             let mut seen = self
                 .registered
@@ -235,7 +235,7 @@ impl RedisStore {
                 .map_err(|_| StoreError::Protocol("registry lock poisoned".into()))?;
             let now = Instant::now();
             match seen.get(&target) {
-                Some(at) if now.duration_since(*at) < ACTIVE_REFRESH => false,
+                Some(at) if !fresh && now.duration_since(*at) < ACTIVE_REFRESH => false,
                 _ => {
                     seen.insert(target, now);
                     true
@@ -351,8 +351,11 @@ impl QueueStore for RedisStore {
             "FULL" => EnterOutcome::Full,
             _ => return Err(StoreError::Protocol("unknown enter reply".into())),
         };
-        if matches!(outcome, EnterOutcome::Waiting { .. }) {
-            self.register(target).await?;
+        if let EnterOutcome::Waiting { seq, .. } = outcome {
+            // The user is queued either way; a failed registration is retried by the next enter.
+            if let Err(e) = self.register(target, seq == 1).await {
+                tracing::debug!(%target, error = %e, "registering an active target failed");
+            }
         }
         Ok(outcome)
     }
