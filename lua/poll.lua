@@ -8,7 +8,8 @@
 -- KEYS[8]    queue:{T}:token:{userId}  STRING "expiresAt|token"
 -- ARGV[1] userId, ARGV[2] now (ms), ARGV[3] candidate "expiresAt|token", ARGV[4] token TTL (s),
 -- ARGV[5] key TTL (ms), ARGV[6] how many wait samples to keep
--- Reply: {"ADMITTED", "expiresAt|token"} | {"WAITING", seq, rank} | {"NONE"}
+-- Reply: {"ADMITTED", "expiresAt|token"[, waited ms when this poll issued it]}
+--      | {"WAITING", seq, rank} | {"NONE"}
 
 local user, now, candidate, token_ttl, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
@@ -34,12 +35,14 @@ if tonumber(seq) <= admitted then
   redis.call('ZREM', KEYS[1], user)
   redis.call('ZREM', KEYS[2], user)
   local entered = redis.call('HGET', KEYS[5], user)
-  if entered then
-    redis.call('HDEL', KEYS[5], user)
-    redis.call('LPUSH', KEYS[6], math.max(0, tonumber(now) - tonumber(entered)))
-    redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[6]) - 1)
-  end
   touch()
+  if entered then
+    local waited = math.max(0, tonumber(now) - tonumber(entered))
+    redis.call('HDEL', KEYS[5], user)
+    redis.call('LPUSH', KEYS[6], waited)
+    redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[6]) - 1)
+    return {'ADMITTED', candidate, waited}
+  end
   return {'ADMITTED', candidate}
 end
 

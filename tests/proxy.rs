@@ -344,7 +344,11 @@ fn check_config_names_the_bad_key() {
 
 #[test]
 fn shipped_configs_pass_check_config() {
-    for file in ["conf/gateway.toml", "conf/gateway.prod.toml"] {
+    for file in [
+        "conf/gateway.toml",
+        "conf/gateway.prod.toml",
+        "docker/gateway.docker.toml",
+    ] {
         let path = format!("{}/{file}", env!("CARGO_MANIFEST_DIR"));
         let (code, out, err) = run_bin(
             &["check-config", "--config", &path],

@@ -227,6 +227,10 @@ fn admitted_users_get_a_valid_token_and_keep_it() {
             m.contains("virtual_queue_admitted_total{target=\"LIMITED_DROP:42\"} 3"),
             "{m}"
         );
+        assert!(
+            m.contains("virtual_queue_wait_seconds_count{target=\"LIMITED_DROP:42\"} 3"),
+            "{m}"
+        );
     });
 }
 

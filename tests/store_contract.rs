@@ -184,17 +184,24 @@ async fn admission_mints_one_token(s: &dyn QueueStore) {
     enter(s, t, 2).await;
     s.advance(t, 1, GUARD, now()).await.unwrap();
     let first = poll(s, t, 1, "token-one").await;
-    let PollOutcome::Admitted { token, expires_at } = first else {
+    let PollOutcome::Admitted {
+        token,
+        expires_at,
+        waited_ms,
+    } = first
+    else {
         panic!("expected ADMITTED, got {first:?}");
     };
     assert_eq!(token, "token-one");
+    assert!(waited_ms.is_some_and(|ms| ms < 60_000), "{waited_ms:?}");
     assert!(expires_at > now().epoch_ms / 1000);
     // Later polls and enters answer the same token, not the new candidate.
     assert_eq!(
         poll(s, t, 1, "token-two").await,
         PollOutcome::Admitted {
             token: "token-one".into(),
-            expires_at
+            expires_at,
+            waited_ms: None,
         }
     );
     assert_eq!(

@@ -187,10 +187,22 @@ async fn poll(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply,
             state.store_ok();
             Ok(waiting(state, seq, ahead))
         }
-        Ok(PollOutcome::Admitted { token, expires_at }) => {
+        Ok(PollOutcome::Admitted {
+            token,
+            expires_at,
+            waited_ms,
+        }) => {
             state.store_ok();
             if token == offered.token {
                 state.count_token(target, "issued");
+            }
+            if let Some(ms) = waited_ms {
+                let label = state.metrics.targets.label(target);
+                state
+                    .metrics
+                    .wait
+                    .with_label_values(&[&label])
+                    .observe(ms as f64 / 1000.0);
             }
             Ok(entry(EntryStatus::Admitted { token, expires_at }))
         }

@@ -251,23 +251,29 @@ impl QueueStore for MemoryStore {
     ) -> Result<PollOutcome, StoreError> {
         self.with_target(target, now, |t| {
             if let Some((expires_at, token)) = t.token(user, now) {
-                return PollOutcome::Admitted { token, expires_at };
+                return PollOutcome::Admitted {
+                    token,
+                    expires_at,
+                    waited_ms: None,
+                };
             }
             let Some(seq) = t.waiting.get(&user).map(|w| w.seq) else {
                 return PollOutcome::NotInQueue;
             };
             t.last_write_ms = now.epoch_ms;
             if seq <= t.admitted_count {
-                if let Some(w) = t.remove_waiter(user) {
-                    t.waits_ms
-                        .push_front(now.epoch_ms.saturating_sub(w.entered_ms));
+                let waited_ms = t.remove_waiter(user).map(|w| {
+                    let waited = now.epoch_ms.saturating_sub(w.entered_ms);
+                    t.waits_ms.push_front(waited);
                     t.waits_ms.truncate(WAIT_SAMPLES);
-                }
+                    waited
+                });
                 t.tokens
                     .insert(user, (candidate.expires_at, candidate.token.clone()));
                 return PollOutcome::Admitted {
                     token: candidate.token.clone(),
                     expires_at: candidate.expires_at,
+                    waited_ms,
                 };
             }
             t.heartbeat(user, now.epoch_ms);

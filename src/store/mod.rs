@@ -65,9 +65,11 @@ pub enum PollOutcome {
         seq: u64,
         ahead: u64,
     },
+    /// `waited_ms` is set on the poll that issued the token: the time since the user entered.
     Admitted {
         token: String,
         expires_at: u64,
+        waited_ms: Option<u64>,
     },
     /// Never entered, left, evicted, or the token expired.
     NotInQueue,

@@ -388,7 +388,12 @@ impl QueueStore for RedisStore {
             }
             "ADMITTED" => {
                 let (token, expires_at) = stored_token(items.get(1))?;
-                Ok(PollOutcome::Admitted { token, expires_at })
+                let waited_ms = items.get(2).and_then(|v| as_u64(v, "waited").ok());
+                Ok(PollOutcome::Admitted {
+                    token,
+                    expires_at,
+                    waited_ms,
+                })
             }
             "NONE" => Ok(PollOutcome::NotInQueue),
             _ => Err(StoreError::Protocol("unknown poll reply".into())),
