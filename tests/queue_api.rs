@@ -228,7 +228,7 @@ fn admitted_users_get_a_valid_token_and_keep_it() {
             "{m}"
         );
         assert!(
-            m.contains("virtual_queue_wait_seconds_count{target=\"LIMITED_DROP:42\"} 3"),
+            m.contains("virtual_queue_wait_seconds_count{target=\"LIMITED_DROP:42\"} 2"),
             "{m}"
         );
     });
