@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Side-by-side benchmarks on this machine, release build, real load (wrk), against the references:
+#   proxy + gate  vs  nginx proxy_pass to the same upstream
+#   queue API     vs  redis-benchmark running the same Lua script (EVALSHA) on the same Redis
+# Prints a Markdown table with ratios. Everything listens on 127.0.0.1 ports picked here and is
+# stopped on exit. Usage: benches/run.sh [seconds per run, default 10]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DUR=${1:-10}
+CONNS=64
+THREADS=2
+
+need=()
+command -v wrk >/dev/null || need+=(wrk)
+command -v nginx >/dev/null || need+=(nginx-light)
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v cmake >/dev/null || need+=(cmake)
+command -v python3 >/dev/null || need+=(python3)
+if [ ${#need[@]} -gt 0 ]; then apt-get update -qq && apt-get install -y -qq "${need[@]}"; fi
+cargo build --release -q
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
+trap cleanup EXIT
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+UP=$(port); NGX=$(port); GW=$(port); ADMIN=$(port); RP=$(port)
+
+# The upstream: nginx answering a small JSON body (fast enough not to be the bottleneck).
+mkdir -p "$WORK/nginx"
+cat > "$WORK/nginx/nginx.conf" <<NGINX
+worker_processes 1;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  upstream backend { server 127.0.0.1:$UP; keepalive 128; }
+  server { listen 127.0.0.1:$UP; location / { return 200 '{"ok":true}'; } }
+  server {
+    listen 127.0.0.1:$NGX;
+    location / { proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+NGINX
+nginx -c "$WORK/nginx/nginx.conf" -g 'daemon off;' & PIDS+=($!)
+
+redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & PIDS+=($!)
+
+cat > "$WORK/gw.toml" <<TOML
+[server]
+listen = "127.0.0.1:$GW"
+admin_listen = "127.0.0.1:$ADMIN"
+threads = 1
+log_format = "json"
+[upstream]
+address = "127.0.0.1:$UP"
+[store]
+backend = "redis"
+redis_url = "redis://127.0.0.1:$RP"
+[queue]
+tick_ms = 3600000
+max_capacity = 10000000
+[token]
+single_use = false
+[flag]
+enabled = true
+TOML
+export VQ_TOKEN_SECRET="bench-secret-0123456789abcdefghijklmnop"
+RUST_LOG=error ./target/release/vq-gateway serve --config "$WORK/gw.toml" 2>"$WORK/gw.log" & PIDS+=($!)
+for _ in $(seq 100); do curl -sf "127.0.0.1:$ADMIN/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+
+TOKEN=$(python3 - <<PY
+import base64, hashlib, hmac, time
+p = "LIMITED_DROP|42|1001|%d" % (time.time() + 3000)
+b = lambda x: base64.urlsafe_b64encode(x).rstrip(b"=").decode()
+print(b(p.encode()) + "." + b(hmac.new(b"$VQ_TOKEN_SECRET", p.encode(), hashlib.sha256).digest()))
+PY
+)
+export TOKEN
+
+# wrk → "rps p50 p99" (latencies in ms)
+run_wrk() {
+  local url=$1; shift
+  wrk -t$THREADS -c$CONNS -d${DUR}s --latency "$@" "$url" > "$WORK/wrk.out" 2>&1
+  python3 - "$WORK/wrk.out" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
+def ms(label):
+    m = re.search(r"\s%s\s+([\d.]+)(us|ms|s)\b" % label, t)
+    v, u = float(m.group(1)), m.group(2)
+    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
+non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
+total = re.search(r"(\d+) requests in", t).group(1)
+print(f"{rps:.0f} {ms('50%'):.2f} {ms('99%'):.2f} {non2xx.group(1) if non2xx else 0} {total}")
+PY
+}
+
+# redis-benchmark → rps
+run_rb() {
+  redis-benchmark -p "$RP" -c $CONNS -n "$1" -r 1000000 -q "${@:2}" 2>/dev/null | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -1 | cut -d' ' -f1
+}
+
+ENTER_SHA=$(redis-cli -p "$RP" SCRIPT LOAD "$(cat lua/enter.lua)")
+POLL_SHA=$(redis-cli -p "$RP" SCRIPT LOAD "$(cat lua/poll.lua)")
+K='queue:{LIMITED_DROP:42}:'
+KEYS="$K"waiting" $K"heartbeat" $K"seq" $K"admitted_count" $K"entered" $K"waits" $K"advances" $K"token:__rand_int__"
+
+echo "warming up..." >&2
+wrk -t1 -c8 -d2s "http://127.0.0.1:$GW/products/1" >/dev/null
+wrk -t1 -c8 -d2s "http://127.0.0.1:$NGX/products/1" >/dev/null
+
+read -r n_rps n_p50 n_p99 _ _ <<<"$(run_wrk "http://127.0.0.1:$NGX/products/1")"
+read -r g_rps g_p50 g_p99 g_bad _ <<<"$(run_wrk "http://127.0.0.1:$GW/products/1")"
+read -r ng_rps ng_p50 ng_p99 _ _ <<<"$(run_wrk "http://127.0.0.1:$NGX/limited-drops/42/orders" -s benches/wrk/gated.lua)"
+read -r gg_rps gg_p50 gg_p99 gg_bad _ <<<"$(run_wrk "http://127.0.0.1:$GW/limited-drops/42/orders" -s benches/wrk/gated.lua)"
+read -r ge_rps ge_p50 ge_p99 ge_bad ge_total <<<"$(run_wrk "http://127.0.0.1:$GW/virtual-queues/limited-drop/42/entries" -s benches/wrk/enter.lua)"
+read -r gp_rps gp_p50 gp_p99 _ _ <<<"$(run_wrk "http://127.0.0.1:$GW/virtual-queues/limited-drop/42/entries/me" -s benches/wrk/poll.lua)"
+RB_N=$(python3 -c "print(max(50000, int($ge_rps * $DUR)))")
+# shellcheck disable=SC2086
+re_rps=$(run_rb "$RB_N" EVALSHA "$ENTER_SHA" 8 $KEYS __rand_int__ 1800000000000 10000000 1800000)
+# shellcheck disable=SC2086
+rp_rps=$(run_rb "$RB_N" EVALSHA "$POLL_SHA" 8 $KEYS __rand_int__ 1800000000000 "1800000300|tok" 300 1800000 1024)
+WAITING=$(redis-cli -p "$RP" ZCARD "$K"waiting)
+MEM=$(redis-cli -p "$RP" MEMORY USAGE "$K"waiting)
+
+ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
+cat <<TABLE
+Measured $(date -u +%Y-%m-%d) on $(nproc) shared cores, load generator on the same cores; wrk -t$THREADS -c$CONNS -d${DUR}s,
+redis-benchmark -c$CONNS unpipelined. Gateway: release build, 1 proxy thread, Redis store.
+
+| workload | reference | reference req/s | vq-gateway req/s | ratio | gateway p50 / p99 ms | reference p50 / p99 ms |
+|---|---|---|---|---|---|---|
+| passthrough GET | nginx proxy_pass | $n_rps | $g_rps | $(ratio "$g_rps" "$n_rps") | $g_p50 / $g_p99 | $n_p50 / $n_p99 |
+| gated POST, valid token | nginx proxy_pass (no check) | $ng_rps | $gg_rps | $(ratio "$gg_rps" "$ng_rps") | $gg_p50 / $gg_p99 | $ng_p50 / $ng_p99 |
+| queue enter (HTTP, random users) | redis-benchmark EVALSHA enter.lua | ${re_rps%.*} | $ge_rps | $(ratio "$ge_rps" "$re_rps") | $ge_p50 / $ge_p99 | – |
+| queue poll (HTTP, random users) | redis-benchmark EVALSHA poll.lua | ${rp_rps%.*} | $gp_rps | $(ratio "$gp_rps" "$rp_rps") | $gp_p50 / $gp_p99 | – |
+
+Non-2xx answers: passthrough $g_bad, gated $gg_bad, enter $ge_bad of $ge_total (all 200 expected; enter answers
+WAITING or, past max_capacity, 429). Users waiting after the runs: $WAITING.
+TABLE
