@@ -393,6 +393,57 @@ fn single_use_and_release_when_the_backend_refuses() {
 }
 
 #[test]
+fn an_interim_100_continue_does_not_give_the_claim_back() {
+    let (gw, up) = env(|_| {});
+    let mut c = gw.client();
+    let token = valid(1001);
+    let r = buy(&mut c, ORDERS, "1001", Some(&token), &[("x-upstream-continue", "1")]);
+    assert_eq!(r.status, 200);
+    let mut c = gw.client();
+    assert_denied(&buy(&mut c, ORDERS, "1001", Some(&token), &[]), 403, "QUEUE_BYPASS_DENIED");
+    assert_eq!(up.count(), 1);
+}
+
+#[test]
+fn a_client_that_hangs_up_after_sending_keeps_its_token_used() {
+    let (gw, up) = env(|_| {});
+    let token = valid(1001);
+    let req = format!(
+        "POST {ORDERS} HTTP/1.1\r\nHost: gateway.test\r\nX-User-Id: 1001\r\nX-Entry-Token: {token}\r\nx-upstream-delay-ms: 300\r\nContent-Length: 2\r\n\r\n{{}}"
+    );
+    let mut s = std::net::TcpStream::connect(gw.listen).unwrap();
+    std::io::Write::write_all(&mut s, req.as_bytes()).unwrap();
+    let reached = wait_until(std::time::Duration::from_secs(3), || up.count() == 1);
+    s.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(s);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let r = buy(&mut gw.client(), ORDERS, "1001", Some(&token), &[]);
+    if reached {
+        assert_denied(&r, 403, "QUEUE_BYPASS_DENIED");
+    }
+    assert_eq!(up.count(), 1, "the backend acted on one token twice");
+}
+
+#[test]
+fn protocol_upgrades_other_than_websocket_are_refused() {
+    let (gw, up) = env(|_| {});
+    let mut c = gw.client();
+    let r = c
+        .request("GET", "/", &[("Upgrade", "h2c"), ("Connection", "Upgrade, HTTP2-Settings"), ("HTTP2-Settings", "AAMAAABkAAQAAP__")], b"")
+        .unwrap();
+    assert_denied(&r, 400, "BAD_REQUEST");
+    assert_eq!(up.count(), 0);
+}
+
+#[test]
+fn absolute_form_reaches_the_backend_in_origin_form() {
+    let (gw, up) = env(|_| {});
+    let r = gw.client().get("http://gateway.test/products/%31?x=1", &[]).unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(up.requests()[0].target, "/products/1?x=1");
+}
+
+#[test]
 fn single_use_can_be_switched_off() {
     let (gw, up) = env(|c| c.token.single_use = false);
     let mut c = gw.client();

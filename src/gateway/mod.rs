@@ -8,7 +8,8 @@
 //!   everything else continues to the backend.
 //! - `upstream_request_filter`: forward the canonical path of a gated route (origin-form), never
 //!   the entry token.
-//! - `upstream_response_filter`: a backend refusal (non-2xx) gives the single-use claim back.
+//! - `upstream_response_filter`: a backend refusal (final status ≥ 300) gives the single-use
+//!   claim back; a request that reached the backend and got no final answer keeps it.
 //! - `upstream_peer`: the backend, resolved once at start, with connect/read/write timeouts.
 //! - `fail_to_proxy`: a backend that is down or slow becomes a JSON 502/504, never a hang.
 //! - `logging`: one structured line and the request metrics.
@@ -107,6 +108,9 @@ pub struct RequestCtx {
     forward_path: Option<String>,
     /// A single-use claim taken for this request, given back if the backend refuses.
     claim: Option<(QueueTarget, String)>,
+    /// Whether the request header was handed to the backend (after which a lost answer keeps the
+    /// claim: the backend may have acted on it).
+    sent_upstream: bool,
 }
 
 pub struct Gateway {
@@ -198,19 +202,35 @@ async fn answer_locally(session: &mut Session, reply: &Reply) -> Result<bool> {
     Ok(true)
 }
 
+/// `Upgrade` switches the connection to another protocol that the gateway cannot inspect. h2c
+/// would carry HTTP/2 requests past the gate, so only websocket (opaque to the backend's routes)
+/// is let through.
+fn upgrade_allowed(headers: &http::HeaderMap) -> bool {
+    headers.get_all(http::header::UPGRADE).iter().all(|v| {
+        v.to_str()
+            .is_ok_and(|s| s.split(',').all(|p| p.trim().eq_ignore_ascii_case("websocket")))
+    })
+}
+
+fn is_absolute_form(raw: &[u8]) -> bool {
+    [&b"http://"[..], b"https://"]
+        .iter()
+        .any(|scheme| raw.len() >= scheme.len() && raw[..scheme.len()].eq_ignore_ascii_case(scheme))
+}
+
 /// The path part of the request target: origin-form as is; absolute-form without scheme and
 /// authority; the query string cut off.
 fn target_path(raw: &[u8]) -> &[u8] {
     let mut p = raw;
-    for scheme in [&b"http://"[..], b"https://"] {
-        if p.len() >= scheme.len() && p[..scheme.len()].eq_ignore_ascii_case(scheme) {
-            let rest = &p[scheme.len()..];
-            p = rest
-                .iter()
-                .position(|&b| b == b'/')
-                .map_or(&b"/"[..], |i| &rest[i..]);
-            break;
-        }
+    if is_absolute_form(raw) {
+        let authority = raw
+            .windows(3)
+            .position(|w| w == b"://")
+            .map_or(raw, |i| &raw[i + 3..]);
+        p = authority
+            .iter()
+            .position(|&b| b == b'/')
+            .map_or(&b"/"[..], |i| &authority[i..]);
     }
     match p.iter().position(|&b| b == b'?' || b == b'#') {
         Some(i) => &p[..i],
@@ -228,6 +248,7 @@ impl ProxyHttp for Gateway {
             started: Instant::now(),
             forward_path: None,
             claim: None,
+            sent_upstream: false,
         }
     }
 
@@ -242,7 +263,14 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        let canonical = match path::canonicalize(target_path(session.req_header().raw_path())) {
+        if !upgrade_allowed(&session.req_header().headers) {
+            ctx.class = RouteClass::Rejected;
+            let e = ApiError::BadRequest("only websocket upgrades are allowed");
+            return answer_locally(session, &Reply::error(&e)).await;
+        }
+        let raw = session.req_header().raw_path();
+        let absolute_form = is_absolute_form(raw);
+        let canonical = match path::canonicalize(target_path(raw)) {
             Ok(c) => c,
             Err(_) => {
                 ctx.class = RouteClass::Rejected;
@@ -270,7 +298,7 @@ impl ProxyHttp for Gateway {
                 return answer_locally(session, &reply).await;
             }
             ctx.forward_path = Some(g.canonical);
-        } else if session.req_header().uri.scheme().is_some() {
+        } else if absolute_form {
             ctx.forward_path = Some(canonical.to_path());
         }
         Ok(false)
@@ -283,6 +311,8 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         upstream.remove_header(gate::TOKEN_HEADER);
+        upstream.remove_header("http2-settings");
+        ctx.sent_upstream = true;
         if let Some(path) = &ctx.forward_path {
             let target = match session.req_header().uri.query() {
                 Some(q) => format!("{path}?{q}"),
@@ -302,7 +332,8 @@ impl ProxyHttp for Gateway {
         upstream: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if !upstream.status.is_success() {
+        // 1xx (100 Continue) is not the answer; only a final refusal gives the claim back.
+        if upstream.status.as_u16() >= 300 {
             self.release_claim(ctx).await;
         }
         Ok(())
@@ -362,8 +393,8 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        if e.is_some() || !(200..300).contains(&status) {
-            // The backend never answered with success (unreachable, timed out, refused).
+        if !ctx.sent_upstream {
+            // Never reached the backend (unreachable, refused locally): the token is unused.
             self.release_claim(ctx).await;
         }
         let elapsed = ctx.started.elapsed();
@@ -418,6 +449,18 @@ fn status_label(status: u16) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_websocket_upgrades() {
+        let mut h = http::HeaderMap::new();
+        assert!(upgrade_allowed(&h));
+        h.insert(http::header::UPGRADE, "WebSocket".parse().unwrap());
+        assert!(upgrade_allowed(&h));
+        h.insert(http::header::UPGRADE, "h2c".parse().unwrap());
+        assert!(!upgrade_allowed(&h));
+        h.insert(http::header::UPGRADE, "websocket, h2c".parse().unwrap());
+        assert!(!upgrade_allowed(&h));
+    }
 
     #[test]
     fn target_path_strips_authority_and_query() {

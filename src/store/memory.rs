@@ -95,10 +95,19 @@ struct Waiter {
     entered_ms: u64,
 }
 
+/// The Fenwick tree is rebuilt over the live seqs only once it holds this many slots and more
+/// than `COMPACT_FACTOR` times the waiting users, so a target with steady churn (enter, leave,
+/// enter...) does not grow without bound.
+const COMPACT_MIN: usize = 1024;
+const COMPACT_FACTOR: usize = 4;
+
 #[derive(Debug, Default)]
 struct TargetState {
     seq: u64,
     admitted_count: u64,
+    /// `slots[i]` is the seq held by Fenwick position `i + 1`, ascending: every live seq has a
+    /// slot; a compaction drops the slots of seqs that left.
+    slots: Vec<u64>,
     live: Fenwick,
     waiting: HashMap<u64, Waiter>,
     /// (last heartbeat ms, user), oldest first, for eviction.
@@ -113,9 +122,37 @@ struct TargetState {
 }
 
 impl TargetState {
+    /// Number of slots whose seq is at or below `seq` (the Fenwick position to sum up to).
+    fn slots_upto(&self, seq: u64) -> usize {
+        self.slots.partition_point(|s| *s <= seq)
+    }
+
     fn rank(&self, seq: u64) -> u64 {
-        let below = usize::try_from(seq.saturating_sub(1)).unwrap_or(usize::MAX);
-        u64::try_from(self.live.prefix(below)).unwrap_or(0)
+        u64::try_from(self.live.prefix(self.slots_upto(seq.saturating_sub(1)))).unwrap_or(0)
+    }
+
+    /// Live users with a seq at or below `seq`.
+    fn live_upto(&self, seq: u64) -> i64 {
+        self.live.prefix(self.slots_upto(seq))
+    }
+
+    fn push_seq(&mut self, seq: u64) {
+        self.slots.push(seq);
+        self.live.push(1);
+    }
+
+    fn compact_if_sparse(&mut self) {
+        let len = self.slots.len();
+        if len < COMPACT_MIN || len < COMPACT_FACTOR * self.waiting.len() {
+            return;
+        }
+        let mut seqs: Vec<u64> = self.waiting.values().map(|w| w.seq).collect();
+        seqs.sort_unstable();
+        self.slots = Vec::with_capacity(seqs.len());
+        self.live = Fenwick::default();
+        for seq in seqs {
+            self.push_seq(seq);
+        }
     }
 
     fn token(&mut self, user: u64, now: Now) -> Option<(u64, String)> {
@@ -139,9 +176,11 @@ impl TargetState {
     fn remove_waiter(&mut self, user: u64) -> Option<Waiter> {
         let w = self.waiting.remove(&user)?;
         self.by_heartbeat.remove(&(w.heartbeat_ms, user));
-        if let Ok(i) = usize::try_from(w.seq) {
-            self.live.add(i, -1);
+        let slot = self.slots_upto(w.seq);
+        if self.slots.get(slot.wrapping_sub(1)) == Some(&w.seq) {
+            self.live.add(slot, -1);
         }
+        self.compact_if_sparse();
         Some(w)
     }
 }
@@ -219,7 +258,7 @@ impl QueueStore for MemoryStore {
             }
             t.seq += 1;
             let seq = t.seq;
-            t.live.push(1);
+            t.push_seq(seq);
             if seq == 1 {
                 // A fresh sequence starts from a fresh mark (as enter.lua does).
                 t.admitted_count = 0;
@@ -377,15 +416,18 @@ impl QueueStore for MemoryStore {
             {
                 return result(AdvanceOutcome::Guarded, t.admitted_count, 0);
             }
-            let mark = usize::try_from(t.admitted_count).unwrap_or(usize::MAX);
-            let below = t.live.prefix(mark);
+            let below = t.live_upto(t.admitted_count);
             let live_above = t.live.prefix(t.live.len()) - below;
             if live_above <= 0 || t.admitted_count >= t.seq {
                 return result(AdvanceOutcome::Idle, t.admitted_count, 0);
             }
             let batch = i64::from(batch);
             let (new_mark, admitted) = if live_above > batch {
-                let nth = t.live.find(below + batch).map_or(t.seq, |p| p as u64);
+                let nth = t
+                    .live
+                    .find(below + batch)
+                    .and_then(|p| t.slots.get(p - 1).copied())
+                    .unwrap_or(t.seq);
                 (nth, batch)
             } else {
                 (t.seq, live_above)
@@ -486,6 +528,35 @@ mod tests {
         assert_eq!(f.find(99), Some(101));
         assert_eq!(f.find(100), None);
         assert_eq!(f.find(0), None);
+    }
+
+    #[test]
+    fn churn_is_compacted_and_ranks_stay_right() {
+        use crate::queue::TargetType;
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(async {
+            let s = MemoryStore::default();
+            let t = QueueTarget::new(TargetType::LimitedDrop, 1);
+            let now = Now { epoch_ms: 1_000 };
+            s.enter(t, 1, now, u64::MAX).await.unwrap();
+            // 20,000 users come and go; user 1 stays at the front.
+            for u in 2..20_002 {
+                s.enter(t, u, now, u64::MAX).await.unwrap();
+                s.leave(t, u).await.unwrap();
+            }
+            s.enter(t, 99_999, now, u64::MAX).await.unwrap();
+            let slots = s.targets.lock().unwrap()[&t].slots.len();
+            assert!(slots < 2 * COMPACT_MIN, "{slots} slots for 2 waiting users");
+            let c = TokenCandidate { token: "x".into(), expires_at: 10 };
+            assert_eq!(
+                s.poll(t, 99_999, now, &c).await.unwrap(),
+                PollOutcome::Waiting { seq: 20_002, ahead: 1 }
+            );
+            let a = s.advance(t, 1, Duration::ZERO, now).await.unwrap();
+            assert_eq!((a.admitted_count, a.admitted_now), (1, 1));
+            let a = s.advance(t, 1, Duration::ZERO, now).await.unwrap();
+            assert_eq!((a.admitted_count, a.admitted_now), (20_002, 1));
+        });
     }
 
     #[test]

@@ -129,6 +129,16 @@ fn read_line(r: &mut impl BufRead) -> std::io::Result<String> {
 }
 
 pub fn read_response(r: &mut BufReader<TcpStream>, head: bool) -> std::io::Result<Response> {
+    loop {
+        let resp = read_one(r, head)?;
+        // Interim answers (100 Continue, 103) come before the real one.
+        if !(100..200).contains(&resp.status) || resp.status == 101 {
+            return Ok(resp);
+        }
+    }
+}
+
+fn read_one(r: &mut BufReader<TcpStream>, head: bool) -> std::io::Result<Response> {
     let status_line = read_line(r)?;
     let status: u16 = status_line
         .split(' ')

@@ -93,6 +93,12 @@ fn serve(conn: TcpStream, requests: Arc<Mutex<Vec<Recorded>>>) {
             return;
         };
         requests.lock().unwrap().push(req.clone());
+        if req.header("x-upstream-continue").is_some() {
+            // An interim answer first, as a servlet container does when it reads the body.
+            if reader.get_mut().write_all(b"HTTP/1.1 100 Continue\r\n\r\n").is_err() {
+                return;
+            }
+        }
         if let Some(ms) = req
             .header("x-upstream-delay-ms")
             .and_then(|v| v.parse().ok())
