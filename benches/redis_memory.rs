@@ -58,7 +58,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("vq-mem-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+        ])
         .arg(&dir)
         .stdout(Stdio::null())
         .spawn()?;
@@ -67,14 +77,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::thread::sleep(Duration::from_millis(20));
     }
 
-    let store = Arc::new(RedisStore::new(&format!("redis://127.0.0.1:{port}"), Duration::from_secs(5))?);
+    let store = Arc::new(RedisStore::new(
+        &format!("redis://127.0.0.1:{port}"),
+        Duration::from_secs(5),
+    )?);
     let conn = store.clone();
     tokio::spawn(async move { conn.run_connection(std::future::pending()).await });
     while store.ping().await.is_err() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let target = QueueTarget::new(TargetType::LimitedDrop, 42);
-    let now = Now { epoch_ms: 1_800_000_000_000 };
+    let now = Now {
+        epoch_ms: 1_800_000_000_000,
+    };
     // One user first, so the fixed per-target keys are not counted per user.
     store.enter(target, 1, now, u64::MAX).await?;
     let before = used_memory(port)?;
@@ -87,7 +102,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let store = store.clone();
             tokio::spawn(async move {
                 store.enter(target, u, now, u64::MAX).await?;
-                let c = TokenCandidate { token: "unused".into(), expires_at: 1_800_000_300 };
+                let c = TokenCandidate {
+                    token: "unused".into(),
+                    expires_at: 1_800_000_300,
+                };
                 store.poll(target, u, now, &c).await
             })
         });
@@ -99,11 +117,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let took = started.elapsed();
     let after = used_memory(port)?;
     let per_user = (after.saturating_sub(before)) as f64 / n as f64;
-    println!("{n} waiting users entered and polled once in {took:.2?} ({:.0} enter+poll pairs/s)", n as f64 / took.as_secs_f64());
-    println!("used_memory grew by {} bytes: {per_user:.1} bytes per waiting user", after - before);
+    println!(
+        "{n} waiting users entered and polled once in {took:.2?} ({:.0} enter+poll pairs/s)",
+        n as f64 / took.as_secs_f64()
+    );
+    println!(
+        "used_memory grew by {} bytes: {per_user:.1} bytes per waiting user",
+        after - before
+    );
     for key in ["waiting", "heartbeat", "entered"] {
         let k = format!("queue:{{LIMITED_DROP:42}}:{key}");
-        let bytes: f64 = redis(port, &["MEMORY", "USAGE", &k, "SAMPLES", "0"])?.parse().unwrap_or(0.0);
+        let bytes: f64 = redis(port, &["MEMORY", "USAGE", &k, "SAMPLES", "0"])?
+            .parse()
+            .unwrap_or(0.0);
         println!("  {k}: {:.1} bytes per user", bytes / (n + 1) as f64);
     }
     let _ = child.kill();

@@ -134,6 +134,8 @@ pub struct QueueSection {
     pub max_capacity: u64,
     pub heartbeat_timeout_s: u64,
     pub max_evict_per_tick: u64,
+    /// Targets with a live queue at once; entering a new target beyond it answers 429.
+    pub max_active_targets: u64,
 }
 
 impl Default for QueueSection {
@@ -144,6 +146,7 @@ impl Default for QueueSection {
             max_capacity: 100_000,
             heartbeat_timeout_s: 60,
             max_evict_per_tick: 1000,
+            max_active_targets: 1000,
         }
     }
 }
@@ -267,6 +270,7 @@ pub struct Config {
     pub max_capacity: NonZeroU64,
     pub heartbeat_timeout: Duration,
     pub max_evict_per_tick: NonZeroU32,
+    pub max_active_targets: NonZeroU32,
     pub secret_env: String,
     pub previous_secret_env: String,
     pub token_ttl: Duration,
@@ -369,6 +373,10 @@ impl Config {
             86_400,
         )?;
         let max_evict_per_tick = nonzero_u32("queue.max_evict_per_tick", q.max_evict_per_tick)?;
+        let max_active_targets = nonzero_u32(
+            "queue.max_active_targets",
+            in_range("queue.max_active_targets", q.max_active_targets, 1, 100_000)?,
+        )?;
 
         let t = &f.token;
         env_name("token.secret_env", &t.secret_env)?;
@@ -379,7 +387,9 @@ impl Config {
                 "must name a different variable than token.secret_env",
             ));
         }
-        let token_ttl = secs("token.ttl_s", t.ttl_s, 1, 86_400)?;
+        // Capped at the per-target key TTL: a token must not outlive its target's keys, or the
+        // two stores would disagree about an idle admitted user.
+        let token_ttl = secs("token.ttl_s", t.ttl_s, 1, 1_800)?;
 
         let rollout_percent =
             in_range("flag.rollout_percent", f.flag.rollout_percent, 0, 100)? as u8;
@@ -407,6 +417,7 @@ impl Config {
             max_capacity,
             heartbeat_timeout,
             max_evict_per_tick,
+            max_active_targets,
             secret_env: t.secret_env.clone(),
             previous_secret_env: t.previous_secret_env.clone(),
             token_ttl,
@@ -598,6 +609,8 @@ mod tests {
         assert!(err_of("[upstream]\naddress = \"host\"").contains("upstream.address"));
         assert!(err_of("[token]\nsecret_env = \"A B\"").contains("token.secret_env"));
         assert!(err_of("[queue]\nmax_capacity = 0").contains("queue.max_capacity"));
+        assert!(err_of("[token]\nttl_s = 1801").contains("token.ttl_s"));
+        assert!(err_of("[queue]\nmax_active_targets = 0").contains("queue.max_active_targets"));
     }
 
     #[test]

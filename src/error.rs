@@ -20,6 +20,8 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("the queue is full, please try again shortly")]
     QueueFull,
+    #[error("too many queues are open right now, please try again shortly")]
+    TooManyQueues,
     #[error("queue statistics are temporarily unavailable")]
     QueueUnavailable,
     #[error("the backend is unavailable")]
@@ -41,7 +43,7 @@ impl ApiError {
             ApiError::BypassDenied(_) => 403,
             ApiError::NotInQueue | ApiError::UnknownTargetType | ApiError::NotFound => 404,
             ApiError::MethodNotAllowed => 405,
-            ApiError::QueueFull => 429,
+            ApiError::QueueFull | ApiError::TooManyQueues => 429,
             ApiError::UpstreamUnavailable => 502,
             ApiError::QueueUnavailable => 503,
             ApiError::UpstreamTimeout => 504,
@@ -56,7 +58,7 @@ impl ApiError {
             ApiError::UnknownTargetType => "UNKNOWN_TARGET_TYPE",
             ApiError::NotFound => "NOT_FOUND",
             ApiError::MethodNotAllowed => "METHOD_NOT_ALLOWED",
-            ApiError::QueueFull => "QUEUE_FULL",
+            ApiError::QueueFull | ApiError::TooManyQueues => "QUEUE_FULL",
             ApiError::QueueUnavailable => "QUEUE_UNAVAILABLE",
             ApiError::UpstreamUnavailable => "UPSTREAM_UNAVAILABLE",
             ApiError::UpstreamTimeout => "UPSTREAM_TIMEOUT",

@@ -173,11 +173,14 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
 
     let mut redis_store = None;
     let store: Arc<dyn QueueStore> = match &config.store {
-        StoreBackend::Memory => Arc::new(MemoryStore::new()),
+        StoreBackend::Memory => {
+            Arc::new(MemoryStore::new().with_max_targets(config.max_active_targets.get() as usize))
+        }
         StoreBackend::Redis { url } => {
             let s = Arc::new(
                 RedisStore::new(url, config.command_timeout)
-                    .map_err(|e| StartError::Store(e.to_string()))?,
+                    .map_err(|e| StartError::Store(e.to_string()))?
+                    .with_max_targets(config.max_active_targets.get() as usize),
             );
             redis_store = Some(s.clone());
             s

@@ -397,10 +397,20 @@ fn an_interim_100_continue_does_not_give_the_claim_back() {
     let (gw, up) = env(|_| {});
     let mut c = gw.client();
     let token = valid(1001);
-    let r = buy(&mut c, ORDERS, "1001", Some(&token), &[("x-upstream-continue", "1")]);
+    let r = buy(
+        &mut c,
+        ORDERS,
+        "1001",
+        Some(&token),
+        &[("x-upstream-continue", "1")],
+    );
     assert_eq!(r.status, 200);
     let mut c = gw.client();
-    assert_denied(&buy(&mut c, ORDERS, "1001", Some(&token), &[]), 403, "QUEUE_BYPASS_DENIED");
+    assert_denied(
+        &buy(&mut c, ORDERS, "1001", Some(&token), &[]),
+        403,
+        "QUEUE_BYPASS_DENIED",
+    );
     assert_eq!(up.count(), 1);
 }
 
@@ -429,7 +439,16 @@ fn protocol_upgrades_other_than_websocket_are_refused() {
     let (gw, up) = env(|_| {});
     let mut c = gw.client();
     let r = c
-        .request("GET", "/", &[("Upgrade", "h2c"), ("Connection", "Upgrade, HTTP2-Settings"), ("HTTP2-Settings", "AAMAAABkAAQAAP__")], b"")
+        .request(
+            "GET",
+            "/",
+            &[
+                ("Upgrade", "h2c"),
+                ("Connection", "Upgrade, HTTP2-Settings"),
+                ("HTTP2-Settings", "AAMAAABkAAQAAP__"),
+            ],
+            b"",
+        )
         .unwrap();
     assert_denied(&r, 400, "BAD_REQUEST");
     assert_eq!(up.count(), 0);
@@ -438,7 +457,10 @@ fn protocol_upgrades_other_than_websocket_are_refused() {
 #[test]
 fn absolute_form_reaches_the_backend_in_origin_form() {
     let (gw, up) = env(|_| {});
-    let r = gw.client().get("http://gateway.test/products/%31?x=1", &[]).unwrap();
+    let r = gw
+        .client()
+        .get("http://gateway.test/products/%31?x=1", &[])
+        .unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(up.requests()[0].target, "/products/1?x=1");
 }

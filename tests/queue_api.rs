@@ -254,6 +254,22 @@ fn capacity_answers_429() {
 }
 
 #[test]
+fn the_number_of_open_queues_is_capped() {
+    both(|store| {
+        let e = env(store, |c| c.queue.max_active_targets = 2);
+        let mut c = e.gw.client();
+        waiting(&enter(&mut c, "/virtual-queues/limited-drop/1", 1));
+        waiting(&enter(&mut c, "/virtual-queues/limited-drop/2", 1));
+        assert_error(
+            &enter(&mut c, "/virtual-queues/limited-drop/3", 1),
+            429,
+            "QUEUE_FULL",
+        );
+        waiting(&enter(&mut c, "/virtual-queues/limited-drop/2", 7));
+    });
+}
+
+#[test]
 fn targets_are_independent() {
     both(|store| {
         let e = env(store, |_| {});

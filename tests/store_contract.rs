@@ -366,7 +366,12 @@ async fn futures_join_all<F: std::future::Future>(
 }
 
 pub async fn connected_redis(redis: &RedisServer) -> Arc<RedisStore> {
-    let store = Arc::new(RedisStore::new(&redis.url(), Duration::from_millis(500)).unwrap());
+    let store = RedisStore::new(&redis.url(), Duration::from_millis(500)).unwrap();
+    connect(store, redis).await
+}
+
+async fn connect(store: RedisStore, redis: &RedisServer) -> Arc<RedisStore> {
+    let store = Arc::new(store);
     let conn = store.clone();
     tokio::spawn(async move { conn.run_connection(std::future::pending()).await });
     for _ in 0..200 {
@@ -376,6 +381,29 @@ pub async fn connected_redis(redis: &RedisServer) -> Arc<RedisStore> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("could not connect to redis on {}", redis.port);
+}
+
+async fn target_cap(s: Arc<dyn QueueStore>) {
+    for id in 100..103 {
+        enter(s.as_ref(), target(id), 1).await;
+    }
+    assert_eq!(
+        s.enter(target(103), 1, now(), CAP).await.unwrap(),
+        EnterOutcome::TooManyTargets
+    );
+    assert_eq!(
+        enter(s.as_ref(), target(101), 2).await,
+        (2, 1),
+        "existing targets still work"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_stores_cap_the_number_of_targets() {
+    target_cap(Arc::new(MemoryStore::new().with_max_targets(3))).await;
+    let redis = RedisServer::start();
+    let store = RedisStore::new(&redis.url(), Duration::from_millis(500)).unwrap();
+    target_cap(connect(store.with_max_targets(3), &redis).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

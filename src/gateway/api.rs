@@ -144,7 +144,10 @@ async fn enter(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply
     }
     let capacity = state.config.max_capacity.get();
     let label = state.metrics.targets.label(target);
-    match state.store.enter(target, user, now, capacity).await {
+    match state
+        .bounded(state.store.enter(target, user, now, capacity))
+        .await
+    {
         Ok(EnterOutcome::Waiting { seq, ahead }) => {
             state.store_ok();
             state
@@ -172,6 +175,15 @@ async fn enter(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply
                 .inc();
             Err(ApiError::QueueFull)
         }
+        Ok(EnterOutcome::TooManyTargets) => {
+            state.store_ok();
+            state
+                .metrics
+                .entries
+                .with_label_values(&[&label, "too_many_targets"])
+                .inc();
+            Err(ApiError::TooManyQueues)
+        }
         Err(e) => Ok(fail_open(state, "enter", target, user, &e, now)),
     }
 }
@@ -182,7 +194,10 @@ async fn poll(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply,
         return Ok(direct(state, target, user, now));
     }
     let offered = candidate(state, target, user, now);
-    match state.store.poll(target, user, now, &offered).await {
+    match state
+        .bounded(state.store.poll(target, user, now, &offered))
+        .await
+    {
         Ok(PollOutcome::Waiting { seq, ahead }) => {
             state.store_ok();
             Ok(waiting(state, seq, ahead))
@@ -215,7 +230,7 @@ async fn poll(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply,
 }
 
 async fn leave(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply, ApiError> {
-    match state.store.leave(target, user).await {
+    match state.bounded(state.store.leave(target, user)).await {
         Ok(()) => state.store_ok(),
         // The user stops polling either way; the pump evicts them once the store is back.
         Err(e) => state.store_failed("leave", &e),
@@ -224,7 +239,7 @@ async fn leave(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply
 }
 
 async fn stats(state: &AppState, target: QueueTarget) -> Result<Reply, ApiError> {
-    match state.store.stats(target, now()).await {
+    match state.bounded(state.store.stats(target, now())).await {
         Ok(s) => {
             state.store_ok();
             Ok(Reply::json(200, &QueueStatsResponse::from(s)))

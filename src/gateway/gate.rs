@@ -202,7 +202,10 @@ pub async fn check(
     }
     let id = token_id(&token);
     let ttl = Duration::from_secs(claims.expires_at.saturating_sub(now_s).max(1));
-    match state.store.claim(target, &id, ttl, now).await {
+    match state
+        .bounded(state.store.claim(target, &id, ttl, now))
+        .await
+    {
         Ok(true) => {
             state.store_ok();
             Ok(Passed {

@@ -91,6 +91,18 @@ impl AppState {
         }
     }
 
+    /// One deadline for a whole store operation on the request path (a script reload or a
+    /// registration inside it included): past `command_timeout` the caller fails open.
+    pub async fn bounded<T>(
+        &self,
+        op: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.config.command_timeout, op).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable("deadline exceeded".into())),
+        }
+    }
+
     pub fn count_token(&self, target: QueueTarget, event: &str) {
         let label = self.metrics.targets.label(target);
         self.metrics
@@ -207,8 +219,10 @@ async fn answer_locally(session: &mut Session, reply: &Reply) -> Result<bool> {
 /// is let through.
 fn upgrade_allowed(headers: &http::HeaderMap) -> bool {
     headers.get_all(http::header::UPGRADE).iter().all(|v| {
-        v.to_str()
-            .is_ok_and(|s| s.split(',').all(|p| p.trim().eq_ignore_ascii_case("websocket")))
+        v.to_str().is_ok_and(|s| {
+            s.split(',')
+                .all(|p| p.trim().eq_ignore_ascii_case("websocket"))
+        })
     })
 }
 

@@ -13,7 +13,8 @@ use async_trait::async_trait;
 
 use super::{
     Advance, AdvanceOutcome, EnterOutcome, Now, PollOutcome, QueueStore, StoreError,
-    TokenCandidate, ADVANCE_SAMPLES, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
+    TokenCandidate, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS,
+    WAIT_SAMPLES,
 };
 use crate::queue::{QueueStats, QueueTarget};
 
@@ -189,11 +190,22 @@ impl TargetState {
 const CLAIM_SWEEP_AT: usize = 10_000;
 
 /// The embedded single-instance store.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MemoryStore {
     targets: Mutex<HashMap<QueueTarget, TargetState>>,
     /// Single-use claims: (target, token id) → expiry (epoch ms).
     claims: Mutex<HashMap<(QueueTarget, String), u64>>,
+    max_targets: usize,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore {
+            targets: Mutex::default(),
+            claims: Mutex::default(),
+            max_targets: DEFAULT_MAX_TARGETS,
+        }
+    }
 }
 
 impl MemoryStore {
@@ -203,6 +215,27 @@ impl MemoryStore {
              gateway instance, or use the redis backend for replicas"
         );
         MemoryStore::default()
+    }
+
+    /// Caps the number of targets with a live queue.
+    pub fn with_max_targets(mut self, max: usize) -> MemoryStore {
+        self.max_targets = max.max(1);
+        self
+    }
+
+    /// Whether `target` may get a queue: it has one already, or there is room for another.
+    fn admits_target(&self, target: QueueTarget, now: Now) -> Result<bool, StoreError> {
+        let mut targets = self
+            .targets
+            .lock()
+            .map_err(|_| StoreError::Protocol("memory store lock poisoned".into()))?;
+        if targets.contains_key(&target) || targets.len() < self.max_targets {
+            return Ok(true);
+        }
+        targets.retain(|_, t| {
+            now.epoch_ms.saturating_sub(t.last_write_ms) <= TARGET_KEY_TTL_SECS * 1000
+        });
+        Ok(targets.len() < self.max_targets)
     }
 
     /// Runs `f` on the target's state, first dropping it if it has been idle past the key TTL
@@ -240,6 +273,9 @@ impl QueueStore for MemoryStore {
         now: Now,
         capacity: u64,
     ) -> Result<EnterOutcome, StoreError> {
+        if !self.admits_target(target, now)? {
+            return Ok(EnterOutcome::TooManyTargets);
+        }
         self.with_target(target, now, |t| {
             if let Some((expires_at, token)) = t.token(user, now) {
                 return EnterOutcome::Admitted { token, expires_at };
@@ -533,7 +569,9 @@ mod tests {
     #[test]
     fn churn_is_compacted_and_ranks_stay_right() {
         use crate::queue::TargetType;
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         rt.block_on(async {
             let s = MemoryStore::default();
             let t = QueueTarget::new(TargetType::LimitedDrop, 1);
@@ -547,10 +585,16 @@ mod tests {
             s.enter(t, 99_999, now, u64::MAX).await.unwrap();
             let slots = s.targets.lock().unwrap()[&t].slots.len();
             assert!(slots < 2 * COMPACT_MIN, "{slots} slots for 2 waiting users");
-            let c = TokenCandidate { token: "x".into(), expires_at: 10 };
+            let c = TokenCandidate {
+                token: "x".into(),
+                expires_at: 10,
+            };
             assert_eq!(
                 s.poll(t, 99_999, now, &c).await.unwrap(),
-                PollOutcome::Waiting { seq: 20_002, ahead: 1 }
+                PollOutcome::Waiting {
+                    seq: 20_002,
+                    ahead: 1
+                }
             );
             let a = s.advance(t, 1, Duration::ZERO, now).await.unwrap();
             assert_eq!((a.admitted_count, a.admitted_now), (1, 1));

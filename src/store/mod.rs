@@ -27,6 +27,9 @@ pub const WAIT_SAMPLES: usize = 1024;
 /// The window over which `admissionRatePerSec` is computed.
 pub const RATE_WINDOW_MS: u64 = 30_000;
 
+/// Default cap on targets with a live queue (`queue.max_active_targets`).
+pub const DEFAULT_MAX_TARGETS: usize = 1000;
+
 /// How many advance samples (time, mark) a target keeps for its rate.
 pub const ADVANCE_SAMPLES: usize = 64;
 
@@ -56,6 +59,9 @@ pub enum EnterOutcome {
     Admitted { token: String, expires_at: u64 },
     /// The waiting set is at capacity.
     Full,
+    /// A new target would exceed the cap on active targets (clients choose target ids, so the
+    /// number of queues must be bounded).
+    TooManyTargets,
 }
 
 /// What `poll` decided.

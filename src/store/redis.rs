@@ -22,7 +22,8 @@ use super::breaker::Breaker;
 use super::scripts::{Script, Scripts, TargetKeys, ACTIVE_KEY};
 use super::{
     Advance, AdvanceOutcome, EnterOutcome, Now, PollOutcome, QueueStore, StoreError,
-    TokenCandidate, ADVANCE_SAMPLES, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
+    TokenCandidate, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS,
+    WAIT_SAMPLES,
 };
 use crate::queue::{QueueStats, QueueTarget};
 
@@ -44,6 +45,7 @@ pub struct RedisStore {
     started: std::sync::atomic::AtomicBool,
     scripts: Scripts,
     registered: Mutex<HashMap<QueueTarget, Instant>>,
+    max_targets: usize,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -83,6 +85,7 @@ impl RedisStore {
             started: std::sync::atomic::AtomicBool::new(false),
             scripts: Scripts::load(),
             registered: Mutex::new(HashMap::new()),
+            max_targets: DEFAULT_MAX_TARGETS,
         })
     }
 
@@ -225,6 +228,38 @@ impl RedisStore {
     }
 
     /// Adds the target to `queue:active` at most every `ACTIVE_REFRESH` per instance.
+    /// Caps the number of targets with a live queue (`queue:active`).
+    pub fn with_max_targets(mut self, max: usize) -> RedisStore {
+        self.max_targets = max.max(1);
+        self
+    }
+
+    /// Whether `target` may get a queue: this instance serves it already, it is active, or
+    /// `queue:active` has room. Costs two round trips only for a target new to this instance.
+    async fn admits_target(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        let known = self
+            .registered
+            .lock()
+            .map_err(|_| StoreError::Protocol("registry lock poisoned".into()))?
+            .contains_key(&target);
+        if known {
+            return Ok(true);
+        }
+        let name = target.to_string();
+        let member = self
+            .command("SISMEMBER", vec![ACTIVE_KEY.into(), name.into()])
+            .await
+            .map_err(unavailable)?;
+        if as_u64(&member, "sismember")? == 1 {
+            return Ok(true);
+        }
+        let active = self
+            .command("SCARD", vec![ACTIVE_KEY.into()])
+            .await
+            .map_err(unavailable)?;
+        Ok(as_u64(&active, "scard")? < self.max_targets as u64)
+    }
+
     /// `fresh` (the target's first seq) registers at once: the target's keys were just created,
     /// perhaps in a Redis that restarted empty and lost `queue:active` with them.
     async fn register(&self, target: QueueTarget, fresh: bool) -> Result<(), StoreError> {
@@ -234,6 +269,9 @@ impl RedisStore {
                 .lock()
                 .map_err(|_| StoreError::Protocol("registry lock poisoned".into()))?;
             let now = Instant::now();
+            if seen.len() > 2 * self.max_targets {
+                seen.retain(|_, at| now.duration_since(*at) < ACTIVE_REFRESH);
+            }
             match seen.get(&target) {
                 Some(at) if !fresh && now.duration_since(*at) < ACTIVE_REFRESH => false,
                 _ => {
@@ -331,6 +369,9 @@ impl QueueStore for RedisStore {
         now: Now,
         capacity: u64,
     ) -> Result<EnterOutcome, StoreError> {
+        if !self.admits_target(target).await? {
+            return Ok(EnterOutcome::TooManyTargets);
+        }
         let keys = TargetKeys::new(target).queue_keys(user);
         let argv = vec![
             user.to_string().into(),

@@ -95,7 +95,11 @@ fn serve(conn: TcpStream, requests: Arc<Mutex<Vec<Recorded>>>) {
         requests.lock().unwrap().push(req.clone());
         if req.header("x-upstream-continue").is_some() {
             // An interim answer first, as a servlet container does when it reads the body.
-            if reader.get_mut().write_all(b"HTTP/1.1 100 Continue\r\n\r\n").is_err() {
+            if reader
+                .get_mut()
+                .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                .is_err()
+            {
                 return;
             }
         }
