@@ -228,6 +228,21 @@ impl RedisStore {
     }
 
     /// Adds the target to `queue:active` at most every `ACTIVE_REFRESH` per instance.
+    /// `SET key value NX PX ttl`: true when this call set it, false when the key existed.
+    async fn set_nx_px(&self, key: String, value: &str, ttl: Duration) -> Result<bool, StoreError> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let args = vec![
+            key.into(),
+            value.into(),
+            "NX".into(),
+            "PX".into(),
+            ttl_ms.to_string().into(),
+        ];
+        let reply = self.command("SET", args).await.map_err(unavailable)?;
+        // OK when set, nil when the key was there already.
+        Ok(!reply.is_null())
+    }
+
     /// Caps the number of targets with a live queue (`queue:active`).
     pub fn with_max_targets(mut self, max: usize) -> RedisStore {
         self.max_targets = max.max(1);
@@ -526,22 +541,7 @@ impl QueueStore for RedisStore {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let key = TargetKeys::new(target).key("lock");
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
-        let reply = self
-            .command(
-                "SET",
-                vec![
-                    key.into(),
-                    owner.into(),
-                    "NX".into(),
-                    "PX".into(),
-                    ttl_ms.to_string().into(),
-                ],
-            )
-            .await
-            .map_err(unavailable)?;
-        // `SET NX` answers OK when taken and nil when someone else holds it.
-        Ok(!reply.is_null())
+        self.set_nx_px(key, owner, ttl).await
     }
 
     async fn unlock(&self, target: QueueTarget, owner: &str) -> Result<(), StoreError> {
@@ -615,21 +615,7 @@ impl QueueStore for RedisStore {
         _now: Now,
     ) -> Result<bool, StoreError> {
         let key = TargetKeys::new(target).key(&format!("used:{token_id}"));
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
-        let reply = self
-            .command(
-                "SET",
-                vec![
-                    key.into(),
-                    "1".into(),
-                    "NX".into(),
-                    "PX".into(),
-                    ttl_ms.to_string().into(),
-                ],
-            )
-            .await
-            .map_err(unavailable)?;
-        Ok(!reply.is_null())
+        self.set_nx_px(key, "1", ttl).await
     }
 
     async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError> {
