@@ -9,6 +9,11 @@ use vq_gateway::config::Config;
 use vq_gateway::ops::{self, FlagChange, OpsError};
 use vq_gateway::{logging, server};
 
+/// glibc malloc showed up at ~10 % of proxy CPU under load; mimalloc's thread-local pages suit
+/// Pingora's many short-lived per-request buffers better (see benches/README.md for the numbers).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// `EX_USAGE`: the configuration or environment given to us is unusable.
 const EXIT_CONFIG: u8 = 64;
 /// `EX_UNAVAILABLE`: the server could not be started (port taken, upstream unresolvable).
