@@ -125,7 +125,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "used_memory grew by {} bytes: {per_user:.1} bytes per waiting user",
         after - before
     );
-    for key in ["waiting", "heartbeat", "entered"] {
+    for key in ["waiting", "heartbeat", "seqtime"] {
         let k = format!("queue:{{LIMITED_DROP:42}}:{key}");
         let bytes: f64 = redis(port, &["MEMORY", "USAGE", &k, "SAMPLES", "0"])?
             .parse()

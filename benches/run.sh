@@ -3,10 +3,10 @@
 #   proxy + gate  vs  nginx proxy_pass to the same upstream
 #   queue API     vs  redis-benchmark running the same Lua script (EVALSHA) on the same Redis
 # Prints a Markdown table with ratios. Everything listens on 127.0.0.1 ports picked here and is
-# stopped on exit. Usage: benches/run.sh [seconds per run, default 10]
+# stopped on exit. Usage: [ROUNDS=3] benches/run.sh [seconds per run, default 5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DUR=${1:-10}
+DUR=${1:-5}
 CONNS=64
 THREADS=2
 
@@ -97,9 +97,14 @@ print(f"{rps:.0f} {ms('50%'):.2f} {ms('99%'):.2f} {non2xx.group(1) if non2xx els
 PY
 }
 
-# redis-benchmark → rps
-run_rb() {
+# redis-benchmark → rps (median of ROUNDS runs)
+run_rb1() {
   redis-benchmark -p "$RP" -c $CONNS -n "$1" -r 1000000 -q "${@:2}" 2>/dev/null | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -1 | cut -d' ' -f1
+}
+run_rb() {
+  local v=()
+  for _ in $(seq "${ROUNDS:-3}"); do v+=("$(run_rb1 "$@")"); done
+  printf '%s\n' "${v[@]}" | sort -n | sed -n "$(( (${ROUNDS:-3} + 1) / 2 ))p"
 }
 
 ENTER_SHA=$(redis-cli -p "$RP" SCRIPT LOAD "$(cat lua/enter.lua)")
@@ -111,12 +116,30 @@ echo "warming up..." >&2
 wrk -t1 -c8 -d2s "http://127.0.0.1:$GW/products/1" >/dev/null
 wrk -t1 -c8 -d2s "http://127.0.0.1:$NGX/products/1" >/dev/null
 
-read -r n_rps n_p50 n_p99 _ _ <<<"$(run_wrk "http://127.0.0.1:$NGX/products/1")"
-read -r g_rps g_p50 g_p99 g_bad _ <<<"$(run_wrk "http://127.0.0.1:$GW/products/1")"
-read -r ng_rps ng_p50 ng_p99 _ _ <<<"$(run_wrk "http://127.0.0.1:$NGX/limited-drops/42/orders" -s benches/wrk/gated.lua)"
-read -r gg_rps gg_p50 gg_p99 gg_bad _ <<<"$(run_wrk "http://127.0.0.1:$GW/limited-drops/42/orders" -s benches/wrk/gated.lua)"
-read -r ge_rps ge_p50 ge_p99 ge_bad ge_total <<<"$(run_wrk "http://127.0.0.1:$GW/virtual-queues/limited-drop/42/entries" -s benches/wrk/enter.lua)"
-read -r gp_rps gp_p50 gp_p99 _ _ <<<"$(run_wrk "http://127.0.0.1:$GW/virtual-queues/limited-drop/42/entries/me" -s benches/wrk/poll.lua)"
+# Each pair runs ROUNDS times, alternating reference and gateway, and the median run (by req/s)
+# of each side is reported: the shared cores make single runs swing by tens of percent.
+ROUNDS=${ROUNDS:-3}
+median_of() { # url [wrk args...] -> the median line of ROUNDS runs
+  local lines=()
+  for _ in $(seq "$ROUNDS"); do lines+=("$(run_wrk "$@")"); done
+  printf '%s\n' "${lines[@]}" | sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p"
+}
+pair() { # ref_url gw_url [wrk args...] -> "ref line|gw line", interleaved
+  local ref=() gw=()
+  for _ in $(seq "$ROUNDS"); do
+    ref+=("$(run_wrk "$1" "${@:3}")")
+    gw+=("$(run_wrk "$2" "${@:3}")")
+  done
+  local mid=$(( (ROUNDS + 1) / 2 ))
+  echo "$(printf '%s\n' "${ref[@]}" | sort -n | sed -n "${mid}p")|$(printf '%s\n' "${gw[@]}" | sort -n | sed -n "${mid}p")"
+}
+
+IFS='|' read -r REF GWL <<<"$(pair "http://127.0.0.1:$NGX/products/1" "http://127.0.0.1:$GW/products/1")"
+read -r n_rps n_p50 n_p99 _ _ <<<"$REF"; read -r g_rps g_p50 g_p99 g_bad _ <<<"$GWL"
+IFS='|' read -r REF GWL <<<"$(pair "http://127.0.0.1:$NGX/limited-drops/42/orders" "http://127.0.0.1:$GW/limited-drops/42/orders" -s benches/wrk/gated.lua)"
+read -r ng_rps ng_p50 ng_p99 _ _ <<<"$REF"; read -r gg_rps gg_p50 gg_p99 gg_bad _ <<<"$GWL"
+read -r ge_rps ge_p50 ge_p99 ge_bad ge_total <<<"$(median_of "http://127.0.0.1:$GW/virtual-queues/limited-drop/42/entries" -s benches/wrk/enter.lua)"
+read -r gp_rps gp_p50 gp_p99 _ _ <<<"$(median_of "http://127.0.0.1:$GW/virtual-queues/limited-drop/42/entries/me" -s benches/wrk/poll.lua)"
 RB_N=$(python3 -c "print(max(50000, int($ge_rps * $DUR)))")
 # shellcheck disable=SC2086
 re_rps=$(run_rb "$RB_N" EVALSHA "$ENTER_SHA" 8 $KEYS __rand_int__ 1800000000000 10000000 1800000)
@@ -127,7 +150,8 @@ WAITING=$(redis-cli -p "$RP" ZCARD "${K}waiting")
 ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
 cat <<TABLE
 Measured $(date -u +%Y-%m-%d) on $(nproc) shared cores, load generator on the same cores; wrk -t$THREADS -c$CONNS -d${DUR}s,
-redis-benchmark -c$CONNS unpipelined. Gateway: release build, 1 proxy thread, Redis store.
+redis-benchmark -c$CONNS unpipelined; median of $ROUNDS interleaved runs each. Gateway: release build, 1 proxy
+thread, Redis store; nginx: 1 worker.
 
 | workload | reference | reference req/s | vq-gateway req/s | ratio | gateway p50 / p99 ms | reference p50 / p99 ms |
 |---|---|---|---|---|---|---|

@@ -7,7 +7,7 @@
 -- same target within `min_interval` ms of the last one, timed by Redis' own clock (TIME), so a
 -- paused lock holder, a lost reply, a retried call or a second instance cannot double-advance.
 --
--- KEYS[1..7] as in enter.lua (waiting, heartbeat, seq, admitted_count, entered, waits, advances)
+-- KEYS[1..7] as in enter.lua (waiting, heartbeat, seq, admitted_count, seqtime, waits, advances)
 -- KEYS[8]    queue:{T}:last_advance  STRING, Redis time (ms) of the last advance
 -- ARGV[1] batch size, ARGV[2] min interval (ms), ARGV[3] key TTL (ms), ARGV[4] samples to keep
 -- Reply: {outcome, admitted_count, newly admitted live users, waiting count}
@@ -42,6 +42,14 @@ if live_above > batch then
 end
 
 redis.call('SET', KEYS[4], string.format('%d', new_mark))
+-- Enter-time checkpoints below the one covering the lowest waiting seq are no longer needed.
+local lowest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
+if lowest then
+  local cover = redis.call('ZREVRANGEBYSCORE', KEYS[5], lowest, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]
+  if cover then
+    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. cover)
+  end
+end
 redis.call('SET', KEYS[8], string.format('%d', now), 'PX', ttl)
 redis.call('LPUSH', KEYS[7], string.format('%d:%d', now, new_mark))
 redis.call('LTRIM', KEYS[7], 0, tonumber(ARGV[4]) - 1)

@@ -6,7 +6,9 @@
 -- KEYS[2] queue:{T}:heartbeat       ZSET userId -> last poll (ms)
 -- KEYS[3] queue:{T}:seq             STRING, INCR
 -- KEYS[4] queue:{T}:admitted_count  STRING
--- KEYS[5] queue:{T}:entered         HASH userId -> enter time (ms), for wait statistics
+-- KEYS[5] queue:{T}:seqtime         ZSET "seq:ms" -> seq: sparse enter-time checkpoints, for wait
+--                                    statistics (a new one after 16 seqs or 1 s; ~6 bytes a user
+--                                    instead of a timestamp per user)
 -- KEYS[6] queue:{T}:waits           LIST of admission waits (ms)
 -- KEYS[7] queue:{T}:advances        LIST of "ms:admitted_count" samples
 -- KEYS[8] queue:{T}:token:{userId}  STRING "expiresAt|token"
@@ -49,6 +51,14 @@ if s == 1 then
 end
 redis.call('ZADD', KEYS[1], s, user)
 redis.call('ZADD', KEYS[2], now, user)
-redis.call('HSET', KEYS[5], user, now)
+local last = redis.call('ZREVRANGE', KEYS[5], 0, 0)[1]
+local last_seq, last_ms = 0, 0
+if last then
+  last_seq, last_ms = string.match(last, '^(%d+):(%d+)$')
+  last_seq, last_ms = tonumber(last_seq), tonumber(last_ms)
+end
+if not last or s - last_seq >= 16 or tonumber(now) - last_ms >= 1000 then
+  redis.call('ZADD', KEYS[5], s, string.format('%d:%d', s, tonumber(now)))
+end
 touch()
 return {'WAITING', tostring(s), waiting}

@@ -2,13 +2,11 @@
 -- leave.lua: explicit leave (SPEC §4 Leave). Removes the user from the waiting room and drops an
 -- unused token marker, in one step so that a concurrent poll cannot re-admit a user who left.
 --
--- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:heartbeat, KEYS[3] queue:{T}:entered,
--- KEYS[4] queue:{T}:token:{userId}
+-- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:heartbeat, KEYS[3] queue:{T}:token:{userId}
 -- ARGV[1] userId
 -- Reply: number of structures the user was removed from (0 when not present: leave is idempotent)
 
 local user = ARGV[1]
 return redis.call('ZREM', KEYS[1], user)
   + redis.call('ZREM', KEYS[2], user)
-  + redis.call('HDEL', KEYS[3], user)
-  + redis.call('DEL', KEYS[4])
+  + redis.call('DEL', KEYS[3])

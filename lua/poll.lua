@@ -4,7 +4,7 @@
 -- takes the user out of the waiting and heartbeat sets and records the wait. Atomic so that two
 -- concurrent polls of one user end with one stored token, answered to both.
 --
--- KEYS[1..7] as in enter.lua (waiting, heartbeat, seq, admitted_count, entered, waits, advances)
+-- KEYS[1..7] as in enter.lua (waiting, heartbeat, seq, admitted_count, seqtime, waits, advances)
 -- KEYS[8]    queue:{T}:token:{userId}  STRING "expiresAt|token"
 -- ARGV[1] userId, ARGV[2] now (ms), ARGV[3] candidate "expiresAt|token", ARGV[4] token TTL (s),
 -- ARGV[5] key TTL (ms), ARGV[6] how many wait samples to keep
@@ -34,11 +34,13 @@ if tonumber(seq) <= admitted then
   redis.call('SET', KEYS[8], candidate, 'EX', token_ttl)
   redis.call('ZREM', KEYS[1], user)
   redis.call('ZREM', KEYS[2], user)
-  local entered = redis.call('HGET', KEYS[5], user)
+  -- The user entered at or after the nearest checkpoint at or below its seq (at most 1 s or 16
+  -- seqs earlier), so the wait is over-estimated by less than a second.
+  local cp = redis.call('ZREVRANGEBYSCORE', KEYS[5], seq, '-inf', 'LIMIT', 0, 1)[1]
   touch()
-  if entered then
-    local waited = math.max(0, tonumber(now) - tonumber(entered))
-    redis.call('HDEL', KEYS[5], user)
+  if cp then
+    local entered = tonumber(string.match(cp, ':(%d+)$'))
+    local waited = math.max(0, tonumber(now) - entered)
     redis.call('LPUSH', KEYS[6], waited)
     redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[6]) - 1)
     return {'ADMITTED', candidate, waited}

@@ -3,7 +3,7 @@
 -- Eviction), at most `max` per call, oldest first: O(log N + k). Atomic so that a user who polls
 -- concurrently is either evicted whole or kept whole, never left half-removed.
 --
--- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:heartbeat, KEYS[3] queue:{T}:entered
+-- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:heartbeat
 -- ARGV[1] cutoff (ms, heartbeats at or before it are stale), ARGV[2] max evictions
 -- Reply: number of users evicted
 
@@ -11,6 +11,5 @@ local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, 
 for _, user in ipairs(stale) do
   redis.call('ZREM', KEYS[1], user)
   redis.call('ZREM', KEYS[2], user)
-  redis.call('HDEL', KEYS[3], user)
 end
 return #stale

@@ -437,7 +437,7 @@ async fn redis_keys_follow_the_contract() {
         .as_int() as u64;
     assert!(hb >= before && hb <= now().epoch_ms, "heartbeat {hb}");
     assert_eq!(redis.cmd(&["GET", &format!("{p}seq")]).as_int(), 2);
-    for key in ["waiting", "heartbeat", "seq", "entered"] {
+    for key in ["waiting", "heartbeat", "seq", "seqtime"] {
         let ttl = redis.cmd(&["TTL", &format!("{p}{key}")]).as_int();
         assert!((1790..=1800).contains(&ttl), "{key}: ttl {ttl}");
     }
@@ -498,7 +498,7 @@ async fn redis_keys_follow_the_contract() {
         "heartbeat",
         "seq",
         "admitted_count",
-        "entered",
+        "seqtime",
         "advances",
         "last_advance",
     ] {
@@ -511,6 +511,58 @@ async fn redis_keys_follow_the_contract() {
             .as_int(),
         0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enter_time_checkpoints_are_sparse_and_trimmed() {
+    let redis = RedisServer::start();
+    let s = connected_redis(&redis).await;
+    let t = QueueTarget::new(TargetType::LimitedDrop, 45);
+    let key = "queue:{LIMITED_DROP:45}:seqtime";
+    let same_ms = now();
+    for user in 1..=40 {
+        s.enter(t, user, same_ms, CAP).await.unwrap();
+    }
+    // One checkpoint per 16 seqs within the same second: seqs 1, 17 and 33.
+    let members: Vec<String> = redis
+        .cmd(&["ZRANGE", key, "0", "-1"])
+        .as_vec()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    let ms = same_ms.epoch_ms;
+    assert_eq!(
+        members,
+        vec![format!("1:{ms}"), format!("17:{ms}"), format!("33:{ms}")]
+    );
+    // A second later, the next enter gets its own checkpoint.
+    s.enter(
+        t,
+        41,
+        Now {
+            epoch_ms: ms + 1_000,
+        },
+        CAP,
+    )
+    .await
+    .unwrap();
+    assert_eq!(redis.cmd(&["ZCARD", key]).as_int(), 4);
+    // Once everyone below seq 20 has left the waiting set, checkpoints below 17 go.
+    s.advance(t, 19, GUARD, now()).await.unwrap();
+    for user in 1..=19 {
+        poll(s.as_ref(), t, user, "x").await;
+    }
+    tokio::time::sleep(GUARD + Duration::from_millis(20)).await;
+    s.advance(t, 1, GUARD, now()).await.unwrap();
+    let first = redis.cmd(&["ZRANGE", key, "0", "0"]).as_vec()[0]
+        .as_str()
+        .unwrap();
+    assert_eq!(first, format!("17:{ms}"));
+    // The wait recorded at admission is measured from the covering checkpoint.
+    let waits = redis
+        .cmd(&["LRANGE", "queue:{LIMITED_DROP:45}:waits", "0", "-1"])
+        .as_vec();
+    assert_eq!(waits.len(), 19);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -458,12 +458,7 @@ impl QueueStore for RedisStore {
 
     async fn leave(&self, target: QueueTarget, user: u64) -> Result<(), StoreError> {
         let k = TargetKeys::new(target);
-        let keys = vec![
-            k.key("waiting"),
-            k.key("heartbeat"),
-            k.key("entered"),
-            k.token(user),
-        ];
+        let keys = vec![k.key("waiting"), k.key("heartbeat"), k.token(user)];
         self.eval(&self.scripts.leave, keys, vec![user.to_string().into()])
             .await?;
         Ok(())
@@ -601,7 +596,7 @@ impl QueueStore for RedisStore {
         _now: Now,
     ) -> Result<u64, StoreError> {
         let k = TargetKeys::new(target);
-        let keys = vec![k.key("waiting"), k.key("heartbeat"), k.key("entered")];
+        let keys = vec![k.key("waiting"), k.key("heartbeat")];
         let argv = vec![cutoff_ms.to_string().into(), max.to_string().into()];
         let reply = self.eval(&self.scripts.sweep, keys, argv).await?;
         as_u64(&reply, "evicted")

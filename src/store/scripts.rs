@@ -93,7 +93,7 @@ impl TargetKeys {
             self.key("heartbeat"),
             self.key("seq"),
             self.key("admitted_count"),
-            self.key("entered"),
+            self.key("seqtime"),
             self.key("waits"),
             self.key("advances"),
             self.token(user),
