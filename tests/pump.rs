@@ -324,6 +324,30 @@ fn users_who_stop_polling_are_evicted_others_keep_their_place() {
 }
 
 #[test]
+fn a_stopping_instance_releases_its_lock() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    // A long tick: the lock (0.9 × tick) would otherwise stay for 4.5 s.
+    let mut gws = cluster(&redis, &up, 1, |c| c.queue.tick_ms = 5_000);
+    enter(&gws[0], 1..=3);
+    let lock = format!("{P}lock");
+    assert!(wait_until(Duration::from_secs(8), || redis
+        .cmd(&["EXISTS", &lock])
+        .as_int()
+        == 1));
+    let owner = redis.cmd(&["GET", &lock]).as_str().unwrap();
+    assert!(owner.starts_with(&format!("{}-", gws[0].pid())), "{owner}");
+    gws[0].signal("TERM");
+    let released = wait_until(Duration::from_secs(2), || {
+        redis.cmd(&["EXISTS", &lock]).as_int() == 0
+    });
+    let pttl = redis.cmd(&["PTTL", &lock]).as_int();
+    assert!(released, "lock still held after SIGTERM (pttl {pttl} ms)");
+    assert_eq!(gws[0].wait_exit(Duration::from_secs(10)), Some(Some(0)));
+    gws.clear();
+}
+
+#[test]
 fn memory_store_pump_admits_too() {
     let up = Upstream::start();
     let mut cfg = test_config(up.addr);

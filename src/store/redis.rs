@@ -89,8 +89,8 @@ impl RedisStore {
         })
     }
 
-    /// Connects and keeps the connection task alive until `shutdown` resolves. Call it from a
-    /// long-lived runtime.
+    /// Connects, loads the scripts, and returns when `shutdown` resolves (the connection task
+    /// lives on in the runtime until it is dropped). Call it from a long-lived runtime.
     pub async fn run_connection(&self, shutdown: impl std::future::Future<Output = ()>) {
         let _task = self.client.connect();
         let preload = async {
@@ -110,7 +110,8 @@ impl RedisStore {
             _ = shutdown => {}
             _ = preload => {}
         }
-        let _ = self.client.quit().await;
+        // No QUIT here: during the shutdown grace period other services still need Redis (the
+        // pump releases its locks); the connection ends with the runtime.
     }
 
     async fn load_scripts(&self) {
