@@ -84,6 +84,11 @@ fn dead_backend_answers_502_json_quickly() {
             .contains("vq_gateway_requests_total{route_class=\"proxy\",status=\"502\"} 1")
     });
     assert!(counted, "{}", gw.metrics());
+    // One line for the failed request (the access line, with the error), not Pingora's as well.
+    assert!(wait_until(Duration::from_secs(5), || gw
+        .log()
+        .contains("ConnectRefused")));
+    assert!(!gw.log().contains("Fail to proxy"), "{}", gw.log());
 }
 
 #[test]

@@ -405,6 +405,12 @@ impl ProxyHttp for Gateway {
         }
     }
 
+    /// A backend outage would otherwise add Pingora's own error line to every request's access
+    /// line; the access line already carries the error type.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, error: &Error) -> bool {
+        error.esource() == &ErrorSource::Upstream
+    }
+
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         if !ctx.sent_upstream {
