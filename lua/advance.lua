@@ -10,8 +10,9 @@
 -- KEYS[1..7] as in enter.lua (waiting, heartbeat, seq, admitted_count, seqtime, waits, advances)
 -- KEYS[8]    queue:{T}:last_advance  STRING, Redis time (ms) of the last advance
 -- ARGV[1] batch size, ARGV[2] min interval (ms), ARGV[3] key TTL (ms), ARGV[4] samples to keep
--- Reply: {outcome, admitted_count, newly admitted live users, waiting count}
---   outcome: "ADVANCED" | "GUARDED" (too soon after the last advance) | "IDLE" (nobody to admit)
+-- Reply: {outcome, admitted_count, newly admitted live users, waiting count[, ms until allowed]}
+--   outcome: "ADVANCED" | "GUARDED" (too soon after the last advance; the 5th element says how
+--   long until the next advance is allowed) | "IDLE" (nobody to admit)
 
 local batch, min_interval, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 
@@ -23,7 +24,7 @@ local waiting = redis.call('ZCARD', KEYS[1])
 
 local last = tonumber(redis.call('GET', KEYS[8]) or '0')
 if now - last < min_interval then
-  return {'GUARDED', mark, 0, waiting}
+  return {'GUARDED', mark, 0, waiting, min_interval - (now - last)}
 end
 
 local seq = tonumber(redis.call('GET', KEYS[3]) or '0')

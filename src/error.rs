@@ -14,8 +14,6 @@ pub enum ApiError {
     NotInQueue,
     #[error("unknown target type; expected limited-drop or ticketing-event")]
     UnknownTargetType,
-    #[error("no such queue resource")]
-    NotFound,
     #[error("method not allowed here")]
     MethodNotAllowed,
     #[error("the queue is full, please try again shortly")]
@@ -41,7 +39,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => 400,
             ApiError::BypassDenied(_) => 403,
-            ApiError::NotInQueue | ApiError::UnknownTargetType | ApiError::NotFound => 404,
+            ApiError::NotInQueue | ApiError::UnknownTargetType => 404,
             ApiError::MethodNotAllowed => 405,
             ApiError::QueueFull | ApiError::TooManyQueues => 429,
             ApiError::UpstreamUnavailable => 502,
@@ -56,7 +54,6 @@ impl ApiError {
             ApiError::BypassDenied(_) => "QUEUE_BYPASS_DENIED",
             ApiError::NotInQueue => "NOT_IN_QUEUE",
             ApiError::UnknownTargetType => "UNKNOWN_TARGET_TYPE",
-            ApiError::NotFound => "NOT_FOUND",
             ApiError::MethodNotAllowed => "METHOD_NOT_ALLOWED",
             ApiError::QueueFull | ApiError::TooManyQueues => "QUEUE_FULL",
             ApiError::QueueUnavailable => "QUEUE_UNAVAILABLE",

@@ -95,8 +95,11 @@ impl FlagState {
 /// big-endian, mod 100. Written out so any other service can compute the same bucket.
 pub fn bucket(user: u64) -> u8 {
     let digest = ring::digest::digest(&ring::digest::SHA256, user.to_string().as_bytes());
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest.as_ref()[..8]);
+    let first = digest
+        .as_ref()
+        .first_chunk::<8>()
+        .copied()
+        .unwrap_or_default();
     (u64::from_be_bytes(first) % 100) as u8
 }
 

@@ -41,7 +41,8 @@ pub struct Metrics {
     pub admitted: IntCounterVec,
     /// `virtual_queue_evicted_total{target}`: waiting users evicted for a stale heartbeat.
     pub evicted: IntCounterVec,
-    /// `virtual_queue_length{target}`: users in the waiting set, as of this instance's last tick.
+    /// `virtual_queue_length{target}`: users in the waiting set, exported by the instance that
+    /// led the target at its last tick (others drop the series).
     pub length: IntGaugeVec,
     /// `virtual_queue_pump_leader`: targets whose pump lock this instance held at its last tick.
     pub leader: IntGauge,
@@ -158,11 +159,6 @@ impl Metrics {
             up,
             targets: Default::default(),
         })
-    }
-
-    /// The registry, for families added by other modules.
-    pub fn registry(&self) -> &Registry {
-        &self.registry
     }
 
     /// Prometheus text exposition of every family.

@@ -4,8 +4,8 @@
 //! advance (the script itself refuses a second advance within 0.95 × tick, whoever calls it) and
 //! sweep stale heartbeats.
 //!
-//! A tick never panics and never blocks shutdown: every store call is bounded by the command
-//! timeout, errors are counted and logged once per outage, and shutdown interrupts a tick.
+//! A tick never panics and never blocks shutdown: every store call carries the command timeout,
+//! errors are counted and logged once per outage, and shutdown interrupts a tick.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -44,10 +44,6 @@ impl Pump {
             instance: instance_id(),
             held: Default::default(),
         }
-    }
-
-    pub fn instance(&self) -> &str {
-        &self.instance
     }
 
     fn lock_ttl(&self) -> Duration {
@@ -93,6 +89,11 @@ impl Pump {
         report.led = held.len();
         self.state.metrics.leader.set(held.len() as i64);
         if let Ok(mut h) = self.held.lock() {
+            // Another instance leads these now: its gauge is the current one, ours is stale.
+            for gone in h.difference(&held) {
+                let label = self.state.metrics.targets.label(*gone);
+                let _ = self.state.metrics.length.remove_label_values(&[&label]);
+            }
             *h = held;
         }
         report
@@ -113,9 +114,19 @@ impl Pump {
             return Ok(false);
         }
         let label = self.state.metrics.targets.label(target);
-        let adv = store
+        let mut adv = store
             .advance(target, cfg.batch_size.get(), self.min_interval(), now())
             .await?;
+        // This tick fired a little earlier after the last advance than the one before it (timer
+        // jitter, another instance led last time): wait out the rest of the guard, once, while
+        // the lock is still ours, instead of losing the whole tick. The script still decides.
+        let retry = Duration::from_millis(adv.retry_in_ms);
+        if adv.outcome == AdvanceOutcome::Guarded && retry <= cfg.tick / 4 {
+            tokio::time::sleep(retry + Duration::from_millis(1)).await;
+            adv = store
+                .advance(target, cfg.batch_size.get(), self.min_interval(), now())
+                .await?;
+        }
         if adv.outcome == AdvanceOutcome::Advanced {
             report.advanced += 1;
             report.admitted += adv.admitted_now;

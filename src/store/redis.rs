@@ -166,14 +166,6 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Removes fields of the runtime flag hash (back to the TOML default).
-    pub async fn clear_flag(&self, fields: &[String]) -> Result<(), StoreError> {
-        let mut args: Vec<Value> = vec![crate::flag::FLAG_KEY.into()];
-        args.extend(fields.iter().map(|f| Value::from(f.as_str())));
-        self.command("HDEL", args).await.map_err(unavailable)?;
-        Ok(())
-    }
-
     async fn command(&self, name: &'static str, args: Vec<Value>) -> Result<Value, Error> {
         if !self.breaker.allow(Instant::now()) {
             return Err(Error::new(
@@ -228,7 +220,6 @@ impl RedisStore {
         }
     }
 
-    /// Adds the target to `queue:active` at most every `ACTIVE_REFRESH` per instance.
     /// `SET key value NX PX ttl`: true when this call set it, false when the key existed.
     async fn set_nx_px(&self, key: String, value: &str, ttl: Duration) -> Result<bool, StoreError> {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
@@ -276,6 +267,7 @@ impl RedisStore {
         Ok(as_u64(&active, "scard")? < self.max_targets as u64)
     }
 
+    /// Adds the target to `queue:active` at most every `ACTIVE_REFRESH` per instance.
     /// `fresh` (the target's first seq) registers at once: the target's keys were just created,
     /// perhaps in a Redis that restarted empty and lost `queue:active` with them.
     async fn register(&self, target: QueueTarget, fresh: bool) -> Result<(), StoreError> {
@@ -586,6 +578,7 @@ impl QueueStore for RedisStore {
             admitted_count: num(1, "mark")?,
             admitted_now: num(2, "admitted")?,
             waiting: num(3, "waiting")?,
+            retry_in_ms: items.get(4).map_or(Ok(0), |v| as_u64(v, "retry"))?,
         })
     }
 

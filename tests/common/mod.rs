@@ -79,8 +79,13 @@ pub fn bin() -> &'static str {
 /// A config for tests: ephemeral ports, the given upstream, short timeouts, the queue on.
 pub fn test_config(upstream: SocketAddr) -> ConfigFile {
     let mut f = ConfigFile::default();
-    f.server.listen = format!("127.0.0.1:{}", free_port());
-    f.server.admin_listen = format!("127.0.0.1:{}", free_port());
+    let listen = free_port();
+    let admin = (0..)
+        .map(|_| free_port())
+        .find(|p| *p != listen)
+        .unwrap_or(0);
+    f.server.listen = format!("127.0.0.1:{listen}");
+    f.server.admin_listen = format!("127.0.0.1:{admin}");
     f.server.grace_period_s = 1;
     f.server.threads = 2;
     f.upstream.address = upstream.to_string();
@@ -105,7 +110,23 @@ impl GatewayProc {
         GatewayProc::start_with_env(config, &[("VQ_TOKEN_SECRET", TEST_SECRET)])
     }
 
-    pub fn start_with_env(config: ConfigFile, env: &[(&str, &str)]) -> GatewayProc {
+    pub fn start_with_env(mut config: ConfigFile, env: &[(&str, &str)]) -> GatewayProc {
+        // A port picked as free can be taken by a parallel test before the gateway binds it: then
+        // the gateway exits at once with "cannot listen", and it is started again on new ports.
+        for _ in 0..3 {
+            match GatewayProc::try_start(config.clone(), env) {
+                Ok(gw) => return gw,
+                Err(log) if log.contains("cannot listen on") => {
+                    config.server.listen = format!("127.0.0.1:{}", free_port());
+                    config.server.admin_listen = format!("127.0.0.1:{}", free_port());
+                }
+                Err(log) => panic!("gateway exited early:\n{log}"),
+            }
+        }
+        panic!("gateway could not bind free ports three times");
+    }
+
+    fn try_start(config: ConfigFile, env: &[(&str, &str)]) -> Result<GatewayProc, String> {
         let dir = TempDir::new("gw");
         let path = dir.0.join("gateway.toml");
         std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
@@ -129,17 +150,22 @@ impl GatewayProc {
             dir,
             config,
         };
+        let mut exited = None;
         let up = wait_until(Duration::from_secs(15), || {
             if let Ok(Some(status)) = gw.child.try_wait() {
-                panic!("gateway exited early with {status}:\n{}", gw.log());
+                exited = Some(status);
+                return true;
             }
             TcpStream::connect(gw.listen).is_ok()
                 && Client::connect(gw.admin)
                     .get("/readyz", &[])
                     .is_ok_and(|r| r.status == 200)
         });
+        if let Some(status) = exited {
+            return Err(format!("exit {status}: {}", gw.log()));
+        }
         assert!(up, "gateway did not come up:\n{}", gw.log());
-        gw
+        Ok(gw)
     }
 
     pub fn client(&self) -> Client {
