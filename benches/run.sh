@@ -99,7 +99,7 @@ PY
 
 # redis-benchmark → rps (median of ROUNDS runs)
 run_rb1() {
-  redis-benchmark -p "$RP" -c $CONNS -n "$1" -r 1000000 -q "${@:2}" 2>/dev/null | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -1 | cut -d' ' -f1
+  redis-benchmark -p "$RP" -c $CONNS -n "$1" -r 100000 -q "${@:2}" 2>/dev/null | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -1 | cut -d' ' -f1
 }
 run_rb() {
   local v=()
@@ -110,7 +110,7 @@ run_rb() {
 ENTER_SHA=$(redis-cli -p "$RP" SCRIPT LOAD "$(cat lua/enter.lua)")
 POLL_SHA=$(redis-cli -p "$RP" SCRIPT LOAD "$(cat lua/poll.lua)")
 K='queue:{LIMITED_DROP:42}:'
-KEYS="${K}waiting ${K}heartbeat ${K}seq ${K}admitted_count ${K}entered ${K}waits ${K}advances ${K}token:__rand_int__"
+KEYS="${K}waiting ${K}heartbeat ${K}seq ${K}admitted_count ${K}seqtime ${K}waits ${K}advances ${K}token:__rand_int__"
 
 echo "warming up..." >&2
 wrk -t1 -c8 -d2s "http://127.0.0.1:$GW/products/1" >/dev/null
@@ -139,7 +139,7 @@ read -r n_rps n_p50 n_p99 _ _ <<<"$REF"; read -r g_rps g_p50 g_p99 g_bad _ <<<"$
 IFS='|' read -r REF GWL <<<"$(pair "http://127.0.0.1:$NGX/limited-drops/42/orders" "http://127.0.0.1:$GW/limited-drops/42/orders" -s benches/wrk/gated.lua)"
 read -r ng_rps ng_p50 ng_p99 _ _ <<<"$REF"; read -r gg_rps gg_p50 gg_p99 gg_bad _ <<<"$GWL"
 read -r ge_rps ge_p50 ge_p99 ge_bad ge_total <<<"$(median_of "http://127.0.0.1:$GW/virtual-queues/limited-drop/42/entries" -s benches/wrk/enter.lua)"
-read -r gp_rps gp_p50 gp_p99 _ _ <<<"$(median_of "http://127.0.0.1:$GW/virtual-queues/limited-drop/42/entries/me" -s benches/wrk/poll.lua)"
+read -r gp_rps gp_p50 gp_p99 gp_bad gp_total <<<"$(median_of "http://127.0.0.1:$GW/virtual-queues/limited-drop/42/entries/me" -s benches/wrk/poll.lua)"
 RB_N=$(python3 -c "print(max(50000, int($ge_rps * $DUR)))")
 # shellcheck disable=SC2086
 re_rps=$(run_rb "$RB_N" EVALSHA "$ENTER_SHA" 8 $KEYS __rand_int__ 1800000000000 10000000 1800000)
@@ -160,6 +160,7 @@ thread, Redis store; nginx: 1 worker.
 | queue enter (HTTP, random users) | redis-benchmark EVALSHA enter.lua | ${re_rps%.*} | $ge_rps | $(ratio "$ge_rps" "$re_rps") | $ge_p50 / $ge_p99 | – |
 | queue poll (HTTP, random users) | redis-benchmark EVALSHA poll.lua | ${rp_rps%.*} | $gp_rps | $(ratio "$gp_rps" "$rp_rps") | $gp_p50 / $gp_p99 | – |
 
-Non-2xx answers (all should be 0): passthrough $g_bad, gated $gg_bad, enter $ge_bad of $ge_total.
+Non-2xx answers: passthrough $g_bad, gated $gg_bad, enter $ge_bad of $ge_total (all should be 0);
+poll $gp_bad of $gp_total (404 NOT_IN_QUEUE for users the enter runs happened not to draw).
 Users waiting after the runs: $WAITING.
 TABLE

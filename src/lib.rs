@@ -6,7 +6,8 @@
 //! - `ops`      — the `flag` commands: read and write `queue:flag` in Redis.
 //! - `server`   — builds the Pingora server: ports, upstream, store, services.
 //! - `gateway`  — the public listener (`ProxyHttp`): `path` (strict canonicalisation),
-//!   `route` (classification), `api` (queue handlers), `admin` (health, readiness, metrics).
+//!   `route` (classification), `api` (queue handlers), `gate` (entry-token check on purchase
+//!   routes), `admin` (health, readiness, metrics).
 //! - `queue`    — pure domain: targets, positions, ETA, response JSON.
 //! - `store`    — `QueueStore` trait; `RedisStore` (Lua in `lua/`) and `MemoryStore`.
 //! - `token`    — entry token mint/verify (HMAC-SHA256, SPEC §6). No I/O.
@@ -17,10 +18,13 @@
 //! - `logging`  — tracing subscriber (text or JSON).
 //!
 //! # A request's path
-//! nginx-lb → Pingora listener → `Gateway::request_filter`: the path is canonicalised once
-//! (ambiguous spellings → 400) and classified. `/virtual-queues/**` is answered locally by
-//! `api::handle` over the `QueueStore`; everything else goes to `upstream_peer` (the backend,
-//! resolved once) unchanged. `logging` records one line and the metrics per request.
+//! nginx-lb → Pingora listener → `Gateway::request_filter`: non-websocket upgrades are refused,
+//! the path is canonicalised once (ambiguous spellings → 400) and classified.
+//! `/virtual-queues/**` is answered locally by `api::handle` over the `QueueStore`. A path with
+//! a gated route's shape goes through `gate::check` (token, user, single-use claim) and reaches
+//! the backend under its canonical path without the token; everything else goes to
+//! `upstream_peer` (the backend, resolved once) unchanged. `logging` records one line and the
+//! metrics per request.
 
 pub mod cli;
 pub mod config;

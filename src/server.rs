@@ -1,6 +1,7 @@
 //! Builds the Pingora server from a validated `Config`: checks the listen ports, resolves the
-//! backend once, creates the store, and wires the services (public proxy, admin listener, store
-//! connection). `main` and the tests build exactly this.
+//! backend once, creates the store, and wires the services: the public proxy, the admin listener,
+//! the admission pump and, with Redis, the connection that also refreshes the runtime flag.
+//! `main` builds exactly this; the tests run the binary that does.
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;

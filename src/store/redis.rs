@@ -546,10 +546,7 @@ impl QueueStore for RedisStore {
         min_interval: Duration,
         _now: Now,
     ) -> Result<Advance, StoreError> {
-        let k = TargetKeys::new(target);
-        let mut keys = k.queue_keys(0);
-        keys.pop();
-        keys.push(k.key("last_advance"));
+        let keys = TargetKeys::new(target).advance_keys();
         let argv = vec![
             batch.to_string().into(),
             u64::try_from(min_interval.as_millis())

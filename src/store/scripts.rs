@@ -85,19 +85,35 @@ impl TargetKeys {
         format!("{}token:{user}", self.prefix)
     }
 
-    /// KEYS[1..7] of enter.lua and poll.lua; every write refreshes the TTL of all seven together so
-    /// that no key of a target outlives the others.
-    pub fn queue_keys(&self, user: u64) -> Vec<String> {
-        vec![
-            self.key("waiting"),
-            self.key("heartbeat"),
-            self.key("seq"),
-            self.key("admitted_count"),
-            self.key("seqtime"),
-            self.key("waits"),
-            self.key("advances"),
-            self.token(user),
+    /// The seven keys every write script refreshes together (KEYS[1..7] of enter, poll and
+    /// advance), so that no key of a target outlives the others.
+    fn shared_keys(&self) -> Vec<String> {
+        [
+            "waiting",
+            "heartbeat",
+            "seq",
+            "admitted_count",
+            "seqtime",
+            "waits",
+            "advances",
         ]
+        .iter()
+        .map(|k| self.key(k))
+        .collect()
+    }
+
+    /// KEYS of enter.lua and poll.lua: the shared seven, then the user's token key.
+    pub fn queue_keys(&self, user: u64) -> Vec<String> {
+        let mut keys = self.shared_keys();
+        keys.push(self.token(user));
+        keys
+    }
+
+    /// KEYS of advance.lua: the shared seven, then the tick guard.
+    pub fn advance_keys(&self) -> Vec<String> {
+        let mut keys = self.shared_keys();
+        keys.push(self.key("last_advance"));
+        keys
     }
 }
 
