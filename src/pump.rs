@@ -17,7 +17,7 @@ use pingora::services::background::BackgroundService;
 
 use crate::gateway::api::now;
 use crate::gateway::AppState;
-use crate::queue::QueueTarget;
+use crate::queue::{millis, QueueTarget};
 use crate::store::AdvanceOutcome;
 
 /// What one tick did, for tests and logs.
@@ -136,9 +136,7 @@ impl Pump {
                 .with_label_values(&[&label])
                 .inc_by(adv.admitted_now);
         }
-        let cutoff = now()
-            .epoch_ms
-            .saturating_sub(u64::try_from(cfg.heartbeat_timeout.as_millis()).unwrap_or(u64::MAX));
+        let cutoff = now().epoch_ms.saturating_sub(millis(cfg.heartbeat_timeout));
         let evicted = store
             .sweep(target, cutoff, cfg.max_evict_per_tick.get(), now())
             .await?;
@@ -165,7 +163,7 @@ impl Pump {
 
 /// Time until the next multiple of `tick` since the epoch.
 fn until_next_tick(tick: Duration) -> Duration {
-    let tick_ms = u64::try_from(tick.as_millis()).unwrap_or(u64::MAX).max(1);
+    let tick_ms = millis(tick).max(1);
     let now_ms = now().epoch_ms;
     Duration::from_millis(tick_ms - now_ms % tick_ms)
 }
@@ -180,7 +178,7 @@ fn instance_id() -> String {
 #[async_trait]
 impl BackgroundService for Pump {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        tracing::info!(instance = %self.instance, tick_ms = self.state.config.tick.as_millis() as u64, "admission pump started");
+        tracing::info!(instance = %self.instance, tick_ms = millis(self.state.config.tick), "admission pump started");
         loop {
             let wait = until_next_tick(self.state.config.tick);
             tokio::select! {

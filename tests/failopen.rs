@@ -22,12 +22,18 @@ fn gateway(redis: &RedisServer, up: &Upstream, tweak: impl Fn(&mut ConfigFile)) 
     GatewayProc::start(cfg)
 }
 
-fn enter(c: &mut Client, user: u64) -> (u16, serde_json::Value, Duration) {
+/// One queue call, timed: (status, JSON body or null, latency).
+fn timed(
+    c: &mut Client,
+    method: &str,
+    path: &str,
+    user: u64,
+) -> (u16, serde_json::Value, Duration) {
     let t = Instant::now();
     let r = c
         .request(
-            "POST",
-            &format!("{Q}/entries"),
+            method,
+            &format!("{Q}{path}"),
             &[("X-User-Id", &user.to_string())],
             b"",
         )
@@ -41,21 +47,12 @@ fn enter(c: &mut Client, user: u64) -> (u16, serde_json::Value, Duration) {
     (r.status, v, took)
 }
 
+fn enter(c: &mut Client, user: u64) -> (u16, serde_json::Value, Duration) {
+    timed(c, "POST", "/entries", user)
+}
+
 fn poll(c: &mut Client, user: u64) -> (u16, serde_json::Value, Duration) {
-    let t = Instant::now();
-    let r = c
-        .get(
-            &format!("{Q}/entries/me"),
-            &[("X-User-Id", &user.to_string())],
-        )
-        .unwrap();
-    let took = t.elapsed();
-    let v = if r.status == 200 {
-        r.json()
-    } else {
-        serde_json::Value::Null
-    };
-    (r.status, v, took)
+    timed(c, "GET", "/entries/me", user)
 }
 
 fn median_max(mut v: Vec<Duration>) -> (Duration, Duration) {

@@ -51,24 +51,35 @@ impl Reply {
     }
 }
 
+/// A header that may appear at most once came twice, or is not visible ASCII.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadHeader;
+
+/// The value of a header that may appear at most once: `Ok(None)` when absent.
+pub fn single_header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, BadHeader> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (None, _) => Ok(None),
+        (Some(v), None) => v.to_str().map(Some).map_err(|_| BadHeader),
+        _ => Err(BadHeader),
+    }
+}
+
 /// The request's user: exactly one `X-User-Id`, a canonical positive 64-bit decimal.
 pub fn user_id(headers: &HeaderMap) -> Result<u64, ApiError> {
-    let mut values = headers.get_all(USER_HEADER).iter();
-    let (Some(v), None) = (values.next(), values.next()) else {
-        return Err(ApiError::BadRequest(
-            "exactly one X-User-Id header is required",
-        ));
-    };
-    v.to_str()
+    let value = single_header(headers, USER_HEADER)
         .ok()
-        .and_then(parse_positive_id)
-        .ok_or(ApiError::BadRequest("X-User-Id must be a positive integer"))
+        .flatten()
+        .ok_or(ApiError::BadRequest(
+            "exactly one X-User-Id header is required",
+        ))?;
+    parse_positive_id(value).ok_or(ApiError::BadRequest("X-User-Id must be a positive integer"))
 }
 
 pub fn now() -> Now {
     let epoch_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .map(crate::queue::millis)
         .unwrap_or(0);
     Now { epoch_ms }
 }

@@ -122,15 +122,6 @@ pub struct Passed {
     pub claim: Option<String>,
 }
 
-fn single(headers: &HeaderMap, name: &str) -> Result<Option<String>, ()> {
-    let mut values = headers.get_all(name).iter();
-    match (values.next(), values.next()) {
-        (None, _) => Ok(None),
-        (Some(v), None) => v.to_str().map(|s| Some(s.to_string())).map_err(|_| ()),
-        _ => Err(()),
-    }
-}
-
 /// Header checks that apply to every request on a gated path, whatever its method.
 pub fn check_overrides(headers: &HeaderMap) -> Result<(), Denied> {
     if METHOD_OVERRIDE_HEADERS
@@ -159,7 +150,7 @@ pub async fn check(
         error,
         reason: "bad_user_id",
     })?;
-    let token = single(headers, TOKEN_HEADER).map_err(|()| {
+    let token = super::api::single_header(headers, TOKEN_HEADER).map_err(|_| {
         bad(
             "duplicate_token",
             "exactly one X-Entry-Token header is allowed",
@@ -177,7 +168,7 @@ pub async fn check(
         return Err(bad("token_too_long", "the entry token is too long"));
     }
     let now_s = now.epoch_ms / 1000;
-    let claims = verify(&state.keys, &token, now_s).map_err(|e| Denied {
+    let claims = verify(&state.keys, token, now_s).map_err(|e| Denied {
         error: ApiError::BypassDenied("the entry token is not valid"),
         reason: e.reason(),
     })?;
@@ -200,7 +191,7 @@ pub async fn check(
             claim: None,
         });
     }
-    let id = token_id(&token);
+    let id = token_id(token);
     let ttl = Duration::from_secs(claims.expires_at.saturating_sub(now_s).max(1));
     match state
         .bounded(state.store.claim(target, &id, ttl, now))

@@ -9,3 +9,8 @@ mod target;
 pub use position::{eta_seconds, QueuePosition};
 pub use status::{EntryStatus, QueueEntryResponse, QueueStats, QueueStatsResponse};
 pub use target::{parse_positive_id, QueueTarget, TargetType};
+
+/// A duration in whole milliseconds, saturating at `u64::MAX` instead of failing.
+pub fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -28,7 +28,7 @@ impl QueuePosition {
 pub fn eta_seconds(ahead: u64, batch_size: u32, tick: Duration) -> u64 {
     let batch = u64::from(batch_size.max(1));
     let ticks = (ahead / batch).saturating_add(1);
-    let ms = u64::try_from(tick.as_millis()).unwrap_or(u64::MAX);
+    let ms = super::millis(tick);
     ticks.saturating_mul(ms).div_ceil(1000)
 }
 

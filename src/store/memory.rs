@@ -16,7 +16,7 @@ use super::{
     TokenCandidate, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS,
     WAIT_SAMPLES,
 };
-use crate::queue::{QueueStats, QueueTarget};
+use crate::queue::{millis, QueueStats, QueueTarget};
 
 /// A growable Fenwick (binary indexed) tree of 0/1 "still waiting" flags indexed by seq.
 #[derive(Debug, Default)]
@@ -186,6 +186,13 @@ impl TargetState {
     }
 }
 
+/// Locks one of the store's maps; a poisoned lock (a panic while held) is a store error, not a
+/// second panic.
+fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>, StoreError> {
+    m.lock()
+        .map_err(|_| StoreError::Protocol("memory store lock poisoned".into()))
+}
+
 /// Claims kept before expired ones are swept out on the next claim.
 const CLAIM_SWEEP_AT: usize = 10_000;
 
@@ -225,10 +232,7 @@ impl MemoryStore {
 
     /// Whether `target` may get a queue: it has one already, or there is room for another.
     fn admits_target(&self, target: QueueTarget, now: Now) -> Result<bool, StoreError> {
-        let mut targets = self
-            .targets
-            .lock()
-            .map_err(|_| StoreError::Protocol("memory store lock poisoned".into()))?;
+        let mut targets = lock(&self.targets)?;
         if targets.contains_key(&target) || targets.len() < self.max_targets {
             return Ok(true);
         }
@@ -246,10 +250,7 @@ impl MemoryStore {
         now: Now,
         f: impl FnOnce(&mut TargetState) -> R,
     ) -> Result<R, StoreError> {
-        let mut targets = self
-            .targets
-            .lock()
-            .map_err(|_| StoreError::Protocol("memory store lock poisoned".into()))?;
+        let mut targets = lock(&self.targets)?;
         let expired = targets.get(&target).is_some_and(|t| {
             now.epoch_ms.saturating_sub(t.last_write_ms) > TARGET_KEY_TTL_SECS * 1000
         });
@@ -369,10 +370,7 @@ impl QueueStore for MemoryStore {
     }
 
     async fn leave(&self, target: QueueTarget, user: u64) -> Result<(), StoreError> {
-        let mut targets = self
-            .targets
-            .lock()
-            .map_err(|_| StoreError::Protocol("memory store lock poisoned".into()))?;
+        let mut targets = lock(&self.targets)?;
         if let Some(t) = targets.get_mut(&target) {
             t.remove_waiter(user);
             t.tokens.remove(&user);
@@ -419,10 +417,7 @@ impl QueueStore for MemoryStore {
     }
 
     async fn active_targets(&self, now: Now) -> Result<Vec<QueueTarget>, StoreError> {
-        let mut targets = self
-            .targets
-            .lock()
-            .map_err(|_| StoreError::Protocol("memory store lock poisoned".into()))?;
+        let mut targets = lock(&self.targets)?;
         targets.retain(|_, t| {
             now.epoch_ms.saturating_sub(t.last_write_ms) <= TARGET_KEY_TTL_SECS * 1000
         });
@@ -456,7 +451,7 @@ impl QueueStore for MemoryStore {
                 waiting,
                 retry_in_ms: 0,
             };
-            let min_ms = u64::try_from(min_interval.as_millis()).unwrap_or(u64::MAX);
+            let min_ms = millis(min_interval);
             if let Some(since) = t
                 .last_advance_ms
                 .map(|last| now.epoch_ms.saturating_sub(last))
@@ -523,16 +518,11 @@ impl QueueStore for MemoryStore {
         ttl: Duration,
         now: Now,
     ) -> Result<bool, StoreError> {
-        let mut claims = self
-            .claims
-            .lock()
-            .map_err(|_| StoreError::Protocol("memory store lock poisoned".into()))?;
+        let mut claims = lock(&self.claims)?;
         if claims.len() >= CLAIM_SWEEP_AT {
             claims.retain(|_, exp| *exp > now.epoch_ms);
         }
-        let expires = now
-            .epoch_ms
-            .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        let expires = now.epoch_ms.saturating_add(millis(ttl));
         let key = (target, token_id.to_string());
         match claims.get(&key) {
             Some(exp) if *exp > now.epoch_ms => Ok(false),
@@ -544,10 +534,7 @@ impl QueueStore for MemoryStore {
     }
 
     async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError> {
-        let mut claims = self
-            .claims
-            .lock()
-            .map_err(|_| StoreError::Protocol("memory store lock poisoned".into()))?;
+        let mut claims = lock(&self.claims)?;
         claims.remove(&(target, token_id.to_string()));
         Ok(())
     }

@@ -25,7 +25,7 @@ use super::{
     TokenCandidate, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS,
     WAIT_SAMPLES,
 };
-use crate::queue::{QueueStats, QueueTarget};
+use crate::queue::{millis, QueueStats, QueueTarget};
 
 /// How often one instance re-adds a target it serves to `queue:active` (the pump drops targets
 /// whose keys expired, so a live target must be re-registered now and then).
@@ -222,7 +222,7 @@ impl RedisStore {
 
     /// `SET key value NX PX ttl`: true when this call set it, false when the key existed.
     async fn set_nx_px(&self, key: String, value: &str, ttl: Duration) -> Result<bool, StoreError> {
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let ttl_ms = millis(ttl).max(1);
         let args = vec![
             key.into(),
             value.into(),
@@ -549,10 +549,7 @@ impl QueueStore for RedisStore {
         let keys = TargetKeys::new(target).advance_keys();
         let argv = vec![
             batch.to_string().into(),
-            u64::try_from(min_interval.as_millis())
-                .unwrap_or(u64::MAX)
-                .to_string()
-                .into(),
+            millis(min_interval).to_string().into(),
             KEY_TTL_MS.to_string().into(),
             ADVANCE_SAMPLES.to_string().into(),
         ];
