@@ -81,8 +81,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         &format!("redis://127.0.0.1:{port}"),
         Duration::from_secs(5),
     )?);
-    let conn = store.clone();
-    tokio::spawn(async move { conn.run_connection(std::future::pending()).await });
+    store.connect(Duration::from_secs(2)).await;
     while store.ping().await.is_err() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 -- advance.lua: one admission step of a target (SPEC §5). Moves admitted_count so that exactly the
 -- next `batch` live waiting users above the mark are admitted (users who left or were evicted take
 -- no slot); with fewer waiting, up to the current seq. Never backwards, never beyond seq.
@@ -13,6 +13,10 @@
 -- Reply: {outcome, admitted_count, newly admitted live users, waiting count[, ms until allowed]}
 --   outcome: "ADVANCED" | "GUARDED" (too soon after the last advance; the 5th element says how
 --   long until the next advance is allowed) | "IDLE" (nobody to admit)
+--
+-- `allow-oom`: under maxmemory this script still runs (Redis refuses plain writes then). It only
+-- refreshes or removes state of users already admitted to the waiting room, so a full Redis keeps
+-- the queue moving instead of failing it open; new enters (enter.lua, no allow-oom) are refused.
 
 local batch, min_interval, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 

@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 -- poll.lua: a waiting user's poll (SPEC §4 Poll). Records the heartbeat; when the user's fixed seq
 -- is within admitted_count, stores the caller's candidate token (unless one is stored already),
 -- takes the user out of the waiting and heartbeat sets and records the wait. Atomic so that two
@@ -10,6 +10,10 @@
 -- ARGV[5] key TTL (ms), ARGV[6] how many wait samples to keep
 -- Reply: {"ADMITTED", "expiresAt|token"[, waited ms when this poll issued it]}
 --      | {"WAITING", seq, rank} | {"NONE"}
+--
+-- `allow-oom`: under maxmemory this script still runs (Redis refuses plain writes then). It only
+-- refreshes or removes state of users already admitted to the waiting room, so a full Redis keeps
+-- the queue moving instead of failing it open; new enters (enter.lua, no allow-oom) are refused.
 
 local user, now, candidate, token_ttl, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 

@@ -1,21 +1,39 @@
-#!lua flags=no-writes
+#!lua flags=allow-oom
 -- stats.lua: cluster-wide figures of one target (SPEC §3 QueueStatsResponse), read in one step
 -- so that every gateway instance answers from the same snapshot.
 --
+-- O(1) per call: the wait percentiles need a sort of up to 1,024 samples, so the result is kept
+-- in a summary hash and recomputed only when it is older than ARGV[3] ms or the samples changed
+-- (newest wait, sample count or newest advance differ: each an O(1) read). Callers cache per
+-- replica on top; a flood of stats calls therefore costs Redis a few cheap reads a second.
+--
 -- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:admitted_count, KEYS[3] queue:{T}:waits,
--- KEYS[4] queue:{T}:advances
--- ARGV[1] now (ms), ARGV[2] rate window (ms)
+-- KEYS[4] queue:{T}:advances, KEYS[5] queue:{T}:summary (HASH at, version, rate, avg, p95)
+-- ARGV[1] now (ms), ARGV[2] rate window (ms), ARGV[3] summary max age (ms), ARGV[4] key TTL (ms)
 -- Reply: {waitingCount, admittedCount, "ratePerSec", "avgWaitSeconds", "p95WaitSeconds"}
+--
+-- allow-oom: the summary hash has a fixed size, so refreshing it under maxmemory is harmless.
 
-local now, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now, window, max_age = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 
 local waiting = redis.call('ZCARD', KEYS[1])
 local admitted = tonumber(redis.call('GET', KEYS[2]) or '0')
 
+local version = table.concat({
+  redis.call('LLEN', KEYS[3]),
+  redis.call('LINDEX', KEYS[3], 0) or '',
+  redis.call('LINDEX', KEYS[4], 0) or '',
+}, '/')
+local s = redis.call('HMGET', KEYS[5], 'at', 'version', 'rate', 'avg', 'p95')
+local at = tonumber(s[1])
+if at and s[2] == version and now >= at and now - at < max_age then
+  return {waiting, admitted, s[3], s[4], s[5]}
+end
+
 -- Samples are "ms:count", newest first. The rate is the admitted_count slope over the window.
 local newest_t, newest_c, oldest_t, oldest_c
-for _, s in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
-  local t, c = string.match(s, '^(%d+):(%d+)$')
+for _, sample in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
+  local t, c = string.match(sample, '^(%d+):(%d+)$')
   t, c = tonumber(t), tonumber(c)
   if t and now - t <= window then
     if not newest_t then newest_t, newest_c = t, c end
@@ -41,5 +59,10 @@ if n > 0 then
   p95 = waits[math.ceil(n * 0.95)] / 1000
 end
 
-return {waiting, admitted, string.format('%.3f', rate), string.format('%.3f', avg),
-  string.format('%.3f', p95)}
+local r, a, p = string.format('%.3f', rate), string.format('%.3f', avg), string.format('%.3f', p95)
+if waiting > 0 or admitted > 0 or n > 0 then
+  -- Unknown targets leave no state behind.
+  redis.call('HSET', KEYS[5], 'at', now, 'version', version, 'rate', r, 'avg', a, 'p95', p)
+  redis.call('PEXPIRE', KEYS[5], ARGV[4])
+end
+return {waiting, admitted, r, a, p}

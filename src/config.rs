@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::failopen::FailOpenMode;
 use crate::queue::TargetType;
 
 /// Error for a configuration that cannot be used. `key` is the dotted TOML key at fault.
@@ -53,6 +54,7 @@ pub struct ConfigFile {
     pub queue: QueueSection,
     pub token: TokenSection,
     pub flag: FlagSection,
+    pub fail_open: FailOpenSection,
     pub gate: GateSection,
 }
 
@@ -114,6 +116,11 @@ pub struct StoreSection {
     pub backend: String,
     pub redis_url: String,
     pub command_timeout_ms: u64,
+    /// Request-path store calls in flight per replica; the excess is refused at once (degraded
+    /// answer) instead of queueing into timeouts.
+    pub max_in_flight: u64,
+    /// How long start-up waits for Redis before the public listener opens anyway (degraded).
+    pub startup_wait_ms: u64,
 }
 
 impl Default for StoreSection {
@@ -122,6 +129,31 @@ impl Default for StoreSection {
             backend: "memory".into(),
             redis_url: "redis://127.0.0.1:6379".into(),
             command_timeout_ms: 150,
+            max_in_flight: 256,
+            startup_wait_ms: 3000,
+        }
+    }
+}
+
+/// What a replica does while its store cannot be used (`failopen.rs`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FailOpenSection {
+    /// `paced` (each replica admits its share of the budget per tick), `open` (everyone, the
+    /// seed's behaviour) or `closed` (nobody; 503 with Retry-After).
+    pub mode: String,
+    /// Bounds on the replica count the paced share is computed from; `max_replicas` is also the
+    /// count assumed before the instance registry was ever read.
+    pub min_replicas: u64,
+    pub max_replicas: u64,
+}
+
+impl Default for FailOpenSection {
+    fn default() -> Self {
+        FailOpenSection {
+            mode: "paced".into(),
+            min_replicas: 1,
+            max_replicas: 16,
         }
     }
 }
@@ -265,6 +297,11 @@ pub struct Config {
     pub upstream_write_timeout: Duration,
     pub store: StoreBackend,
     pub command_timeout: Duration,
+    pub store_max_in_flight: usize,
+    pub startup_wait: Duration,
+    pub fail_open: FailOpenMode,
+    pub fail_open_min_replicas: u32,
+    pub fail_open_max_replicas: u32,
     pub tick: Duration,
     pub batch_size: NonZeroU32,
     pub max_capacity: NonZeroU64,
@@ -360,6 +397,27 @@ impl Config {
             }
         };
         let command_timeout = millis("store.command_timeout_ms", st.command_timeout_ms, 1, 10_000)?;
+        let store_max_in_flight =
+            in_range("store.max_in_flight", st.max_in_flight, 1, 1_000_000)? as usize;
+        let startup_wait = millis("store.startup_wait_ms", st.startup_wait_ms, 0, 600_000)?;
+
+        let fo = &f.fail_open;
+        let fail_open = FailOpenMode::parse(&fo.mode).ok_or_else(|| {
+            invalid(
+                "fail_open.mode",
+                format!("`{}` is not one of `paced`, `open`, `closed`", fo.mode),
+            )
+        })?;
+        let fail_open_min_replicas =
+            in_range("fail_open.min_replicas", fo.min_replicas, 1, 10_000)? as u32;
+        let fail_open_max_replicas =
+            in_range("fail_open.max_replicas", fo.max_replicas, 1, 10_000)? as u32;
+        if fail_open_max_replicas < fail_open_min_replicas {
+            return Err(invalid(
+                "fail_open.max_replicas",
+                "must be at least fail_open.min_replicas",
+            ));
+        }
 
         let q = &f.queue;
         let tick = millis("queue.tick_ms", q.tick_ms, 10, 3_600_000)?;
@@ -412,6 +470,11 @@ impl Config {
             upstream_write_timeout,
             store,
             command_timeout,
+            store_max_in_flight,
+            startup_wait,
+            fail_open,
+            fail_open_min_replicas,
+            fail_open_max_replicas,
             tick,
             batch_size,
             max_capacity,
@@ -428,6 +491,15 @@ impl Config {
         })
     }
 
+    /// Redis memory when every allowed queue is full (what an attacker entering made-up users
+    /// into made-up targets can reach).
+    pub fn worst_case_redis_bytes(&self) -> u64 {
+        self.max_capacity
+            .get()
+            .saturating_mul(u64::from(self.max_active_targets.get()))
+            .saturating_mul(crate::store::BYTES_PER_WAITING_USER)
+    }
+
     /// A short human summary for `check-config`. Holds no secret.
     pub fn summary(&self) -> String {
         let store = match &self.store {
@@ -440,12 +512,19 @@ impl Config {
             .map(|r| format!("{} {} -> {}", r.method, r.template, r.target_type.as_str()))
             .collect();
         format!(
-            "listen {} | admin {} | upstream {}\nstore {} (timeout {} ms)\nqueue: {} users per {} ms, capacity {}, heartbeat timeout {} s\ntoken: ttl {} s, single use {}, secret from ${}\nflag: enabled {}, rollout {}%\ngated: {}",
+            "listen {} | admin {} | upstream {}\nstore {} (timeout {} ms, {} calls in flight, start-up wait {} ms)\nfail-open: {} (paced share over {}..={} replicas)\nredis memory with every queue full: ~{} MB (max_capacity x max_active_targets x {} B per waiting user)\nqueue: {} users per {} ms, capacity {}, heartbeat timeout {} s\ntoken: ttl {} s, single use {}, secret from ${}\nflag: enabled {}, rollout {}%\ngated: {}",
             self.listen,
             self.admin_listen,
             self.upstream,
             store,
             self.command_timeout.as_millis(),
+            self.store_max_in_flight,
+            self.startup_wait.as_millis(),
+            self.fail_open.as_str(),
+            self.fail_open_min_replicas,
+            self.fail_open_max_replicas,
+            self.worst_case_redis_bytes() / 1_000_000,
+            crate::store::BYTES_PER_WAITING_USER,
             self.batch_size,
             self.tick.as_millis(),
             self.max_capacity,

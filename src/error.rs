@@ -20,6 +20,8 @@ pub enum ApiError {
     QueueFull,
     #[error("too many queues are open right now, please try again shortly")]
     TooManyQueues,
+    #[error("the waiting room cannot take new users right now, please try again shortly")]
+    StoreFull,
     #[error("queue statistics are temporarily unavailable")]
     QueueUnavailable,
     #[error("the backend is unavailable")]
@@ -41,7 +43,7 @@ impl ApiError {
             ApiError::BypassDenied(_) => 403,
             ApiError::NotInQueue | ApiError::UnknownTargetType => 404,
             ApiError::MethodNotAllowed => 405,
-            ApiError::QueueFull | ApiError::TooManyQueues => 429,
+            ApiError::QueueFull | ApiError::TooManyQueues | ApiError::StoreFull => 429,
             ApiError::UpstreamUnavailable => 502,
             ApiError::QueueUnavailable => 503,
             ApiError::UpstreamTimeout => 504,
@@ -55,10 +57,21 @@ impl ApiError {
             ApiError::NotInQueue => "NOT_IN_QUEUE",
             ApiError::UnknownTargetType => "UNKNOWN_TARGET_TYPE",
             ApiError::MethodNotAllowed => "METHOD_NOT_ALLOWED",
-            ApiError::QueueFull | ApiError::TooManyQueues => "QUEUE_FULL",
+            ApiError::QueueFull | ApiError::TooManyQueues | ApiError::StoreFull => "QUEUE_FULL",
             ApiError::QueueUnavailable => "QUEUE_UNAVAILABLE",
             ApiError::UpstreamUnavailable => "UPSTREAM_UNAVAILABLE",
             ApiError::UpstreamTimeout => "UPSTREAM_TIMEOUT",
+        }
+    }
+
+    /// `Retry-After` seconds for refusals that pass by themselves.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            ApiError::QueueFull
+            | ApiError::TooManyQueues
+            | ApiError::StoreFull
+            | ApiError::QueueUnavailable => Some(1),
+            _ => None,
         }
     }
 

@@ -29,6 +29,7 @@
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod failopen;
 pub mod flag;
 pub mod gateway;
 pub mod logging;

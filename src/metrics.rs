@@ -48,6 +48,18 @@ pub struct Metrics {
     pub leader: IntGauge,
     /// `vq_gateway_up`: 1 while the process serves.
     pub up: IntGauge,
+    /// `virtual_queue_store_degraded`: 1 while the request path's store calls fail.
+    pub store_degraded: IntGauge,
+    /// `virtual_queue_store_refused_total{op, reason}`: store calls refused without an outage:
+    /// `oom` (Redis at maxmemory) or `saturated` (this replica's in-flight limit).
+    pub refused: IntCounterVec,
+    /// `virtual_queue_failopen_answers_total{mode, outcome}`: enter/poll answered while degraded:
+    /// `direct_admitted`, `waiting` (the paced budget is used up) or `refused` (closed mode).
+    pub failopen: IntCounterVec,
+    /// `virtual_queue_replicas`: live replicas in the instance registry at the last tick.
+    pub replicas: IntGauge,
+    /// `virtual_queue_store_calls_total{op}`: store operations attempted, by operation.
+    pub store_calls: IntCounterVec,
     pub targets: std::sync::Arc<TargetLabels>,
 }
 
@@ -131,6 +143,40 @@ impl Metrics {
             "Targets whose pump lock this instance held at its last tick",
         )?;
         let up = IntGauge::new("vq_gateway_up", "1 while the gateway process serves")?;
+        let store_degraded = IntGauge::new(
+            "virtual_queue_store_degraded",
+            "1 while this replica's request-path store calls fail (fail-open mode in force)",
+        )?;
+        let refused = IntCounterVec::new(
+            Opts::new(
+                "virtual_queue_store_refused_total",
+                "Store calls refused while the store answers: oom (maxmemory) or saturated (in-flight limit)",
+            ),
+            &["op", "reason"],
+        )?;
+        let failopen = IntCounterVec::new(
+            Opts::new(
+                "virtual_queue_failopen_answers_total",
+                "Enter and poll answers given while the store was unavailable, by fail-open mode and outcome",
+            ),
+            &["mode", "outcome"],
+        )?;
+        let replicas = IntGauge::new(
+            "virtual_queue_replicas",
+            "Live gateway replicas in the instance registry at this replica's last pump tick",
+        )?;
+        let store_calls = IntCounterVec::new(
+            Opts::new(
+                "virtual_queue_store_calls_total",
+                "Store operations attempted by this replica, by operation",
+            ),
+            &["op"],
+        )?;
+        registry.register(Box::new(store_calls.clone()))?;
+        registry.register(Box::new(store_degraded.clone()))?;
+        registry.register(Box::new(refused.clone()))?;
+        registry.register(Box::new(failopen.clone()))?;
+        registry.register(Box::new(replicas.clone()))?;
         registry.register(Box::new(admitted.clone()))?;
         registry.register(Box::new(evicted.clone()))?;
         registry.register(Box::new(length.clone()))?;
@@ -157,6 +203,11 @@ impl Metrics {
             length,
             leader,
             up,
+            store_degraded,
+            refused,
+            failopen,
+            replicas,
+            store_calls,
             targets: Default::default(),
         })
     }

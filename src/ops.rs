@@ -45,8 +45,9 @@ async fn connect(config: &Config) -> Result<Arc<RedisStore>, OpsError> {
     let store = Arc::new(
         RedisStore::new(url, Duration::from_secs(2)).map_err(|e| OpsError::Store(e.to_string()))?,
     );
-    let conn = store.clone();
-    tokio::spawn(async move { conn.run_connection(std::future::pending()).await });
+    if !store.connect(CONNECT_WITHIN).await {
+        return Err(OpsError::Unreachable(redact_url(url), CONNECT_WITHIN));
+    }
     let deadline = tokio::time::Instant::now() + CONNECT_WITHIN;
     while tokio::time::Instant::now() < deadline {
         if store.ping().await.is_ok() {

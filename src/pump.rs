@@ -18,7 +18,11 @@ use pingora::services::background::BackgroundService;
 use crate::gateway::api::now;
 use crate::gateway::AppState;
 use crate::queue::{millis, QueueTarget};
-use crate::store::AdvanceOutcome;
+use crate::store::{AdvanceOutcome, QueueStore};
+
+/// An instance counts as live in the registry if it ticked within 3 ticks, and never less than
+/// this (short test ticks would otherwise drop live instances between two ticks).
+const REGISTRY_MIN_WINDOW: Duration = Duration::from_secs(2);
 
 /// What one tick did, for tests and logs.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -61,10 +65,16 @@ impl Pump {
         if !store.started() {
             return report;
         }
+        // The instance registry: how many replicas share the budget if the store fails later.
+        let window = self.state.config.tick.mul_f64(3.0).max(REGISTRY_MIN_WINDOW);
+        if let Ok(n) = store.register_instance(&self.instance, window, now()).await {
+            self.state.pacer.set_replicas(n);
+            self.state.metrics.replicas.set(i64::from(n));
+        }
+        // Failures are counted (and logged once per outage) by the store guard.
         let targets = match store.active_targets(now()).await {
             Ok(t) => t,
-            Err(e) => {
-                self.state.store_failed("pump", &e);
+            Err(_) => {
                 report.errors += 1;
                 return report;
             }
@@ -77,14 +87,8 @@ impl Pump {
                     held.insert(target);
                 }
                 Ok(false) => {}
-                Err(e) => {
-                    self.state.store_failed("pump", &e);
-                    report.errors += 1;
-                }
+                Err(_) => report.errors += 1,
             }
-        }
-        if report.errors == 0 {
-            self.state.store_ok();
         }
         report.led = held.len();
         self.state.metrics.leader.set(held.len() as i64);

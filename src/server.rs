@@ -12,6 +12,7 @@ use pingora::server::configuration::ServerConf;
 use pingora::server::{Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
+use pingora::services::ServiceReadyNotifier;
 
 use crate::config::{Config, StoreBackend};
 use crate::flag::{Flag, FlagState};
@@ -93,8 +94,14 @@ fn resolve(addr: &str) -> Result<SocketAddr, StartError> {
 /// How often each instance re-reads `queue:flag` (SPEC §7: every instance within 3 s).
 pub const FLAG_REFRESH: Duration = Duration::from_secs(1);
 
-/// Keeps the Redis connection task on a runtime that lives as long as the server, and refreshes
-/// the runtime flag from `queue:flag` (the last known value stays while Redis is unreachable).
+/// How often the prober checks the store's request path (it also notices a hang without traffic).
+const PROBE_EVERY: Duration = Duration::from_millis(100);
+
+/// The Redis connection's service: connects at start-up (the public listener waits for it, up to
+/// `store.startup_wait_ms`, so a starting replica never answers before it has tried its store),
+/// then keeps the connection task on a runtime that lives as long as the server and runs the
+/// store's background chores: the runtime flag refresh, the health probe that ends a degraded
+/// episode by itself, and the write-back of claims taken while the store was down.
 struct RedisService {
     store: Arc<RedisStore>,
     state: Arc<AppState>,
@@ -103,49 +110,126 @@ struct RedisService {
 
 impl RedisService {
     async fn refresh_flag(&self) {
-        while !self.store.started() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
         let mut reported: Vec<String> = Vec::new();
         let mut ticker = tokio::time::interval(FLAG_REFRESH);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
-            match self.store.read_flag().await {
-                Ok(fields) => {
-                    let (next, problems) = FlagState::with_overrides(&self.defaults, &fields);
-                    if problems != reported {
-                        for p in &problems {
-                            tracing::warn!(problem = %p, "ignoring a bad runtime flag field");
-                        }
-                        reported = problems;
-                    }
-                    if next != self.state.flag.snapshot() {
-                        tracing::info!(
-                            enabled = next.enabled,
-                            rollout_percent = next.rollout_percent,
-                            targets = next.per_target.len(),
-                            "runtime flag changed"
-                        );
-                        self.state.flag.set(next);
-                    }
+            // A failure is counted by the guard; the last known value stays.
+            let Ok(fields) = self
+                .state
+                .store
+                .background("flag", self.store.read_flag())
+                .await
+            else {
+                continue;
+            };
+            let (next, problems) = FlagState::with_overrides(&self.defaults, &fields);
+            if problems != reported {
+                for p in &problems {
+                    tracing::warn!(problem = %p, "ignoring a bad runtime flag field");
                 }
-                Err(e) => self.state.store_failed("flag", &e),
+                reported = problems;
             }
+            if next != self.state.flag.snapshot() {
+                tracing::info!(
+                    enabled = next.enabled,
+                    rollout_percent = next.rollout_percent,
+                    targets = next.per_target.len(),
+                    "runtime flag changed"
+                );
+                self.state.flag.set(next);
+            }
+        }
+    }
+
+    /// Probes the request path every `PROBE_EVERY` (the guard's breaker lets one probe through
+    /// at a time and refuses the rest at once), and once the store answers, writes the claims
+    /// taken locally during the outage so those tokens stay spent.
+    async fn probe(&self) {
+        let store = &self.state.store;
+        let mut ticker = tokio::time::interval(PROBE_EVERY);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            if store.probe().await.is_err() || self.state.claims.pending_len() == 0 {
+                continue;
+            }
+            let now = crate::gateway::api::now();
+            let pending = self.state.claims.take_pending(now.epoch_ms / 1000);
+            let mut left = Vec::new();
+            let mut written = 0usize;
+            for (target, id, expires_at) in pending {
+                if !left.is_empty() {
+                    left.push((target, id, expires_at));
+                    continue;
+                }
+                let ttl =
+                    Duration::from_secs(expires_at.saturating_sub(now.epoch_ms / 1000).max(1));
+                match store
+                    .background("claim_replay", store.inner().claim(target, &id, ttl, now))
+                    .await
+                {
+                    Ok(_) => written += 1,
+                    Err(_) => left.push((target, id, expires_at)),
+                }
+            }
+            if written > 0 {
+                tracing::info!(
+                    written,
+                    "claims taken during the outage written to the store"
+                );
+            }
+            self.state.claims.restore_pending(left);
+        }
+    }
+
+    /// Warns when full queues would not fit in Redis' `maxmemory`, or when Redis may evict queue
+    /// state under memory pressure.
+    async fn check_memory(&self) {
+        let Some((maxmemory, policy)) = self.store.memory_config().await else {
+            return;
+        };
+        let need = self.state.config.worst_case_redis_bytes();
+        if maxmemory > 0 && need > maxmemory {
+            tracing::warn!(
+                maxmemory,
+                worst_case_bytes = need,
+                "queue.max_capacity x queue.max_active_targets does not fit in Redis maxmemory: \
+                 when Redis is full new enters get 429 QUEUE_FULL (waiting users keep their places)"
+            );
+        }
+        if policy != "noeviction" {
+            tracing::warn!(policy = %policy, "Redis maxmemory-policy is not noeviction: queue state may be evicted");
         }
     }
 }
 
 #[async_trait]
 impl BackgroundService for RedisService {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let connection = self.store.run_connection(async move {
-            let _ = shutdown.changed().await;
-        });
+    async fn start_with_ready_notifier(
+        &self,
+        mut shutdown: ShutdownWatch,
+        ready: ServiceReadyNotifier,
+    ) {
+        let wait = self.state.config.startup_wait;
         tokio::select! {
-            _ = connection => {}
-            _ = self.refresh_flag() => {}
+            _ = shutdown.changed() => return,
+            reached = self.store.connect(wait) => {
+                if reached {
+                    self.check_memory().await;
+                }
+            }
         }
+        // The public listener opens now: with the store reached, or degraded after the wait.
+        ready.notify_ready();
+        tokio::select! {
+            _ = shutdown.changed() => {}
+            _ = self.refresh_flag() => {}
+            _ = self.probe() => {}
+        }
+        // No QUIT: during the shutdown grace period the pump still releases its locks; the
+        // connection ends with this service's runtime.
     }
 }
 
@@ -198,7 +282,7 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
         "proxy",
     );
     proxy.add_tcp(&listen.to_string());
-    server.add_service(proxy);
+    let proxy = server.add_service(proxy);
 
     let mut admin = Service::new("admin".to_string(), AdminApp::new(state.clone()));
     admin.add_tcp(&admin_listen.to_string());
@@ -212,7 +296,7 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
 
     if let Some(store) = redis_store {
         let defaults = state.flag.snapshot();
-        server.add_service(background_service(
+        let redis = server.add_service(background_service(
             "redis",
             RedisService {
                 store,
@@ -220,6 +304,9 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
                 defaults,
             },
         ));
+        // No answer before the first store contact (or the bounded start-up wait): a replica that
+        // answered enters while still connecting would let its first users skip the queue.
+        proxy.add_dependency(&redis);
     }
     state.metrics.up.set(1);
     Ok(Built { server, state })

@@ -1,6 +1,7 @@
-//! Fail-open (SPEC §7): Redis killed, paused, restarted empty, out of memory, or absent at start.
-//! Enter and poll never answer 5xx and stay fast, the gate keeps verifying HMAC, and the queue
-//! comes back by itself.
+//! Fail-open (SPEC §7): Redis killed, paused, restarted empty, out of memory, or absent at start,
+//! one request at a time (the same faults under concurrent load are in `faults.rs`). Enter and
+//! poll never answer 5xx and stay fast, the gate keeps verifying HMAC, the queue comes back by
+//! itself; each `fail_open.mode` does what it says.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -61,10 +62,13 @@ fn median_max(mut v: Vec<Duration>) -> (Duration, Duration) {
 }
 
 #[test]
-fn redis_killed_mid_run_no_5xx_fast_answers_gate_still_holds() {
+fn open_mode_redis_killed_mid_run_no_5xx_fast_answers_gate_still_holds() {
     let mut redis = RedisServer::start();
     let up = Upstream::start();
-    let gw = gateway(&redis, &up, |c| c.queue.tick_ms = 3_600_000);
+    let gw = gateway(&redis, &up, |c| {
+        c.queue.tick_ms = 3_600_000;
+        c.fail_open.mode = "open".into();
+    });
     let mut c = gw.client();
     for u in 1..=50 {
         assert_eq!(enter(&mut c, u).1["status"], "WAITING");
@@ -90,17 +94,21 @@ fn redis_killed_mid_run_no_5xx_fast_answers_gate_still_holds() {
     eprintln!("redis down: enter/poll median {median:?}, max {max:?} over 300 requests");
     assert!(median < Duration::from_millis(50), "median {median:?}");
     assert!(max < Duration::from_millis(1000), "max {max:?}");
-    // Stateless tokens pass the gate (HMAC only; the claim is skipped); no token, no entry.
+    // Stateless tokens pass the gate (HMAC, and a claim kept on this replica); no token, no
+    // entry; a second use on the same replica is refused.
     for (user, token) in &tokens {
-        let r = c
-            .request(
+        let buy = |c: &mut Client| {
+            c.request(
                 "POST",
                 "/limited-drops/42/orders",
                 &[("X-User-Id", &user.to_string()), ("X-Entry-Token", token)],
                 b"{}",
             )
-            .unwrap();
-        assert_eq!(r.status, 200);
+            .unwrap()
+            .status
+        };
+        assert_eq!(buy(&mut c), 200);
+        assert_eq!(buy(&mut c), 403, "spent on this replica");
     }
     let r = c
         .request(
@@ -122,7 +130,7 @@ fn redis_killed_mid_run_no_5xx_fast_answers_gate_still_holds() {
         "{m}"
     );
     // One warning for the whole outage, not one per request.
-    let warnings = gw.log().matches("store failed; failing open").count();
+    let warnings = gw.log().matches("store failed; degrading").count();
     assert_eq!(warnings, 1, "{}", gw.log());
 }
 
@@ -130,7 +138,10 @@ fn redis_killed_mid_run_no_5xx_fast_answers_gate_still_holds() {
 fn paused_redis_answers_within_the_timeout() {
     let redis = RedisServer::start();
     let up = Upstream::start();
-    let gw = gateway(&redis, &up, |c| c.queue.tick_ms = 3_600_000);
+    let gw = gateway(&redis, &up, |c| {
+        c.queue.tick_ms = 3_600_000;
+        c.fail_open.mode = "open".into();
+    });
     let mut c = gw.client();
     assert_eq!(enter(&mut c, 1).1["status"], "WAITING");
     redis.pause();
@@ -149,9 +160,14 @@ fn paused_redis_answers_within_the_timeout() {
     assert!(median < Duration::from_millis(200), "median {median:?}");
     redis.resume();
     // Back by itself once Redis answers again.
-    assert!(wait_until(Duration::from_secs(5), || enter(&mut c, 1).1
-        ["status"]
-        == "WAITING"));
+    assert!(wait_until(Duration::from_secs(5), || queued(&enter(
+        &mut c, 1
+    ))));
+}
+
+/// A WAITING answer from the store (with a position), not a degraded one.
+fn queued(r: &(u16, serde_json::Value, Duration)) -> bool {
+    r.1["status"] == "WAITING" && r.1["position"].is_u64() && r.1["degraded"] == false
 }
 
 #[test]
@@ -163,8 +179,7 @@ fn restart_and_script_flush_resume_the_queue_by_themselves() {
     assert_eq!(enter(&mut c, 1).1["status"], "WAITING");
     redis.restart(); // empty: no keys, no scripts
     assert!(
-        wait_until(Duration::from_secs(5), || enter(&mut c, 2).1["status"]
-            == "WAITING"),
+        wait_until(Duration::from_secs(5), || queued(&enter(&mut c, 2))),
         "{}",
         gw.log()
     );
@@ -180,19 +195,23 @@ fn restart_and_script_flush_resume_the_queue_by_themselves() {
 }
 
 #[test]
-fn out_of_memory_fails_open_without_partial_writes() {
+fn out_of_memory_refuses_new_enters_without_partial_writes() {
     let redis = RedisServer::start();
     let up = Upstream::start();
     let gw = gateway(&redis, &up, |c| c.queue.tick_ms = 3_600_000);
     let mut c = gw.client();
-    assert_eq!(enter(&mut c, 1).1["status"], "WAITING", "{}", gw.log());
+    assert!(queued(&enter(&mut c, 1)), "{}", gw.log());
     let p = "queue:{LIMITED_DROP:42}:";
     let before = redis.cmd(&["GET", &format!("{p}seq")]).as_int();
     let checkpoints = redis.cmd(&["ZCARD", &format!("{p}seqtime")]).as_int();
     redis.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
-    let (status, v, _) = enter(&mut c, 2);
-    assert_eq!(status, 200);
-    assert_eq!(v["status"], "DIRECT_ADMITTED");
+    // Redis is full, not gone: nobody is let through for it, a clear 429 instead.
+    let r = c
+        .request("POST", &format!("{Q}/entries"), &[("X-User-Id", "2")], b"")
+        .unwrap();
+    assert_eq!(r.status, 429);
+    assert_eq!(r.json()["code"], "QUEUE_FULL");
+    assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(
         redis.cmd(&["GET", &format!("{p}seq")]).as_int(),
         before,
@@ -209,11 +228,113 @@ fn out_of_memory_fails_open_without_partial_writes() {
         redis.cmd(&["ZCARD", &format!("{p}seqtime")]).as_int(),
         checkpoints
     );
+    // The user already waiting keeps polling from the store.
+    assert!(queued(&poll(&mut c, 1)));
+    let m = gw.metrics();
+    assert!(
+        m.contains("virtual_queue_store_refused_total{op=\"enter\",reason=\"oom\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("virtual_queue_store_degraded 0"), "{m}");
     redis.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
-    assert!(wait_until(Duration::from_secs(3), || enter(&mut c, 2).1
-        ["status"]
-        == "WAITING"));
+    assert!(wait_until(Duration::from_secs(3), || queued(&enter(
+        &mut c, 2
+    ))));
     assert_eq!(redis.cmd(&["GET", &format!("{p}seq")]).as_int(), before + 1);
+}
+
+#[test]
+fn closed_mode_refuses_while_redis_is_down_and_the_gate_still_verifies() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start();
+    let gw = gateway(&redis, &up, |c| {
+        c.queue.tick_ms = 3_600_000;
+        c.fail_open.mode = "closed".into();
+    });
+    let mut c = gw.client();
+    assert!(queued(&enter(&mut c, 1)));
+    redis.kill();
+    for user in [1, 2] {
+        for (method, path) in [("POST", "/entries"), ("GET", "/entries/me")] {
+            let r = c
+                .request(
+                    method,
+                    &format!("{Q}{path}"),
+                    &[("X-User-Id", &user.to_string())],
+                    b"",
+                )
+                .unwrap();
+            assert_eq!(r.status, 503, "{method} {path}");
+            assert_eq!(r.json()["code"], "QUEUE_UNAVAILABLE");
+            assert!(r.header("retry-after").is_some());
+        }
+    }
+    let r = c
+        .request(
+            "POST",
+            "/limited-drops/42/orders",
+            &[("X-User-Id", "1")],
+            b"{}",
+        )
+        .unwrap();
+    assert_eq!(r.status, 403);
+    assert_eq!(up.count(), 0);
+    assert!(gw
+        .metrics()
+        .contains("virtual_queue_failopen_answers_total{mode=\"closed\",outcome=\"refused\"} 4"));
+}
+
+#[test]
+fn paced_mode_lets_through_at_most_the_share_per_tick() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start();
+    // One replica learns it is alone (registry), so its share is the whole batch of 3 per tick.
+    let gw = gateway(&redis, &up, |c| {
+        c.queue.tick_ms = 1000;
+        c.queue.batch_size = 3;
+    });
+    let mut c = gw.client();
+    assert!(wait_until(Duration::from_secs(5), || gw
+        .metrics()
+        .contains("virtual_queue_replicas 1")));
+    redis.kill();
+    // Wait for the start of a tick in which the store has not answered.
+    let tick_of = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() / 1000
+    };
+    let down_tick = tick_of(std::time::SystemTime::now());
+    assert!(wait_until(Duration::from_secs(3), || tick_of(
+        std::time::SystemTime::now()
+    ) > down_tick));
+    let mut per_tick: std::collections::BTreeMap<u128, (u32, u32)> = Default::default();
+    let until = Instant::now() + Duration::from_millis(2500);
+    let mut user = 100;
+    while Instant::now() < until {
+        user += 1;
+        let tick = tick_of(std::time::SystemTime::now());
+        let (status, v, _) = enter(&mut c, user);
+        assert_eq!(status, 200);
+        assert_eq!(v["degraded"], true);
+        let e = per_tick.entry(tick).or_default();
+        match v["status"].as_str() {
+            Some("DIRECT_ADMITTED") => e.0 += 1,
+            Some("WAITING") => {
+                assert_eq!(v["position"], serde_json::Value::Null);
+                assert!(v["etaSeconds"].as_u64().is_some_and(|s| s >= 1));
+                e.1 += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    eprintln!("paced: (direct, waiting) per tick: {per_tick:?}");
+    for (tick, (direct, _)) in &per_tick {
+        assert!(*direct <= 3, "tick {tick}: {direct} let through");
+    }
+    // A full tick lets exactly the share through and the rest wait (nobody waits forever).
+    assert!(
+        per_tick.values().any(|(d, w)| *d == 3 && *w > 0),
+        "{per_tick:?}"
+    );
 }
 
 #[test]
@@ -221,11 +342,19 @@ fn starts_without_redis_and_connects_when_it_appears() {
     let mut redis = RedisServer::start();
     redis.kill();
     let up = Upstream::start();
-    let gw = gateway(&redis, &up, |c| c.queue.tick_ms = 3_600_000);
+    let started = Instant::now();
+    let gw = gateway(&redis, &up, |c| {
+        c.queue.tick_ms = 3_600_000;
+        c.store.startup_wait_ms = 700;
+    });
+    // The public listener opened only after the bounded start-up wait.
+    assert!(started.elapsed() >= Duration::from_millis(700));
     let mut c = gw.client();
     let (status, v, took) = enter(&mut c, 1);
     assert_eq!(status, 200);
-    assert_eq!(v["status"], "DIRECT_ADMITTED");
+    // Degraded per the default paced mode: this replica never learned its replica count, so its
+    // share is batch_size / max_replicas, at least one user per tick.
+    assert_eq!(v["degraded"], true);
     assert!(took < Duration::from_millis(500), "{took:?}");
     assert_eq!(
         gw.client().get("/anything", &[]).unwrap().status,
@@ -234,8 +363,7 @@ fn starts_without_redis_and_connects_when_it_appears() {
     );
     redis.restart();
     assert!(
-        wait_until(Duration::from_secs(10), || enter(&mut c, 1).1["status"]
-            == "WAITING"),
+        wait_until(Duration::from_secs(10), || queued(&enter(&mut c, 1))),
         "{}",
         gw.log()
     );

@@ -433,7 +433,7 @@ fn flag_off_admits_directly() {
 
 #[test]
 fn stats_answer_503_while_redis_is_down_and_enter_fails_open() {
-    let mut e = env("redis", |_| {});
+    let mut e = env("redis", |c| c.fail_open.mode = "open".into());
     let mut c = e.gw.client();
     waiting(&enter(&mut c, Q, 1));
     e._redis.as_mut().unwrap().kill();

@@ -375,8 +375,7 @@ pub async fn connected_redis(redis: &RedisServer) -> Arc<RedisStore> {
 
 async fn connect(store: RedisStore, redis: &RedisServer) -> Arc<RedisStore> {
     let store = Arc::new(store);
-    let conn = store.clone();
-    tokio::spawn(async move { conn.run_connection(std::future::pending()).await });
+    store.connect(Duration::from_secs(2)).await;
     for _ in 0..200 {
         if store.ping().await.is_ok() {
             return store;

@@ -14,6 +14,7 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 
 use super::AppState;
+use crate::store::QueueStore;
 
 pub struct AdminApp {
     state: Arc<AppState>,
@@ -44,6 +45,8 @@ impl AdminApp {
             "ready": ready,
             "store": self.state.store.kind(),
             "storeState": store,
+            "degraded": self.state.store.degraded(),
+            "failOpenMode": self.state.config.fail_open.as_str(),
         });
         (status, body.to_string())
     }

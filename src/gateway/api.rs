@@ -1,21 +1,25 @@
 //! The queue API handlers (SPEC §3, §4): enter, poll, leave, stats. Each takes the parsed call and
 //! the request's user, talks to the store, and returns a `Reply` for the proxy to write.
 //!
-//! Enter and poll never answer 5xx: when the store fails they fail open with a stateless token
-//! (SPEC §7). Stats answer 503 instead, since there is nothing honest to report.
+//! Enter and poll never answer 5xx in the default `paced` fail-open mode: when the store fails
+//! they answer per `fail_open.mode` (SPEC §7, `failopen.rs`). A Redis that is full (maxmemory)
+//! is not an outage: new enters get 429, everything else goes on. Stats answer from a
+//! per-replica cache, or 503 when there is nothing honest to report.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use http::HeaderMap;
 
 use super::route::{ApiCall, RouteClass};
+use super::stats::Lookup;
 use super::AppState;
 use crate::error::ApiError;
+use crate::failopen::FailOpenMode;
 use crate::queue::{
-    eta_seconds, parse_positive_id, EntryStatus, QueueEntryResponse, QueueStatsResponse,
-    QueueTarget,
+    eta_seconds, parse_positive_id, EntryStatus, QueueEntryResponse, QueueStats,
+    QueueStatsResponse, QueueTarget,
 };
-use crate::store::{EnterOutcome, Now, PollOutcome, StoreError, TokenCandidate};
+use crate::store::{EnterOutcome, Now, PollOutcome, QueueStore, StoreError, TokenCandidate};
 use crate::token::{mint, TokenClaims};
 
 pub const USER_HEADER: &str = "x-user-id";
@@ -26,12 +30,18 @@ pub struct Reply {
     pub status: u16,
     /// JSON body; empty for 204.
     pub body: Vec<u8>,
+    /// `Retry-After` in seconds, when the client should come back later.
+    pub retry_after: Option<u64>,
 }
 
 impl Reply {
     pub fn json(status: u16, value: &impl serde::Serialize) -> Reply {
         match serde_json::to_vec(value) {
-            Ok(body) => Reply { status, body },
+            Ok(body) => Reply {
+                status,
+                body,
+                retry_after: None,
+            },
             Err(_) => Reply::error(&ApiError::QueueUnavailable),
         }
     }
@@ -40,6 +50,7 @@ impl Reply {
         Reply {
             status: e.status(),
             body: e.body(),
+            retry_after: e.retry_after(),
         }
     }
 
@@ -47,7 +58,13 @@ impl Reply {
         Reply {
             status: 204,
             body: Vec::new(),
+            retry_after: None,
         }
+    }
+
+    pub fn retry_after(mut self, secs: u64) -> Reply {
+        self.retry_after = Some(secs);
+        self
     }
 }
 
@@ -126,7 +143,7 @@ fn waiting(state: &AppState, seq: u64, ahead: u64) -> Reply {
     })
 }
 
-/// Let the user through without queueing: flag off, or the store failed (fail-open).
+/// Let the user through without queueing (the flag is off for them).
 fn direct(state: &AppState, target: QueueTarget, user: u64, now: Now) -> Reply {
     let c = candidate(state, target, user, now);
     state.count_token(target, "issued");
@@ -136,16 +153,49 @@ fn direct(state: &AppState, target: QueueTarget, user: u64, now: Now) -> Reply {
     })
 }
 
-fn fail_open(
-    state: &AppState,
-    op: &'static str,
-    target: QueueTarget,
-    user: u64,
-    e: &StoreError,
-    now: Now,
-) -> Reply {
-    state.store_failed(op, e);
-    direct(state, target, user, now)
+/// The answer to an enter or poll that the store could not serve, per `fail_open.mode`
+/// (`failopen.rs`): the paced budget, everyone, or nobody.
+fn degraded(state: &AppState, target: QueueTarget, user: u64, now: Now) -> Result<Reply, ApiError> {
+    let mode = state.config.fail_open;
+    let count = |outcome: &str| {
+        state
+            .metrics
+            .failopen
+            .with_label_values(&[mode.as_str(), outcome])
+            .inc();
+    };
+    let retry_after = state.pacer.retry_after_secs(now.epoch_ms);
+    let admit = match mode {
+        FailOpenMode::Open => true,
+        FailOpenMode::Closed => false,
+        FailOpenMode::Paced => {
+            state
+                .pacer
+                .try_admit(target, now.epoch_ms, state.store.last_ok_ms())
+        }
+    };
+    if admit {
+        count("direct_admitted");
+        let c = candidate(state, target, user, now);
+        state.count_token(target, "issued");
+        let status = EntryStatus::DirectAdmitted {
+            token: c.token,
+            expires_at: c.expires_at,
+        };
+        return Ok(Reply::json(
+            200,
+            &QueueEntryResponse::from(status).degraded(),
+        ));
+    }
+    if mode == FailOpenMode::Closed {
+        count("refused");
+        return Ok(Reply::error(&ApiError::QueueUnavailable).retry_after(retry_after));
+    }
+    count("waiting");
+    let status = EntryStatus::WaitingDegraded {
+        eta_seconds: retry_after,
+    };
+    Ok(entry(status).retry_after(retry_after))
 }
 
 async fn enter(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply, ApiError> {
@@ -155,47 +205,37 @@ async fn enter(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply
     }
     let capacity = state.config.max_capacity.get();
     let label = state.metrics.targets.label(target);
-    match state
-        .bounded(state.store.enter(target, user, now, capacity))
-        .await
-    {
+    let count = |outcome: &str| {
+        state
+            .metrics
+            .entries
+            .with_label_values(&[&label, outcome])
+            .inc();
+    };
+    match state.store.enter(target, user, now, capacity).await {
         Ok(EnterOutcome::Waiting { seq, ahead }) => {
-            state.store_ok();
-            state
-                .metrics
-                .entries
-                .with_label_values(&[&label, "waiting"])
-                .inc();
+            count("waiting");
             Ok(waiting(state, seq, ahead))
         }
         Ok(EnterOutcome::Admitted { token, expires_at }) => {
-            state.store_ok();
-            state
-                .metrics
-                .entries
-                .with_label_values(&[&label, "admitted"])
-                .inc();
+            count("admitted");
             Ok(entry(EntryStatus::Admitted { token, expires_at }))
         }
         Ok(EnterOutcome::Full) => {
-            state.store_ok();
-            state
-                .metrics
-                .entries
-                .with_label_values(&[&label, "full"])
-                .inc();
+            count("full");
             Err(ApiError::QueueFull)
         }
         Ok(EnterOutcome::TooManyTargets) => {
-            state.store_ok();
-            state
-                .metrics
-                .entries
-                .with_label_values(&[&label, "too_many_targets"])
-                .inc();
+            count("too_many_targets");
             Err(ApiError::TooManyQueues)
         }
-        Err(e) => Ok(fail_open(state, "enter", target, user, &e, now)),
+        // Redis is full: it answers, but takes no new users. Not an outage, so nobody is let
+        // through for it; users already waiting keep their places (their polls still run).
+        Err(StoreError::OutOfMemory) => {
+            count("store_full");
+            Err(ApiError::StoreFull)
+        }
+        Err(_) => degraded(state, target, user, now),
     }
 }
 
@@ -205,20 +245,13 @@ async fn poll(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply,
         return Ok(direct(state, target, user, now));
     }
     let offered = candidate(state, target, user, now);
-    match state
-        .bounded(state.store.poll(target, user, now, &offered))
-        .await
-    {
-        Ok(PollOutcome::Waiting { seq, ahead }) => {
-            state.store_ok();
-            Ok(waiting(state, seq, ahead))
-        }
+    match state.store.poll(target, user, now, &offered).await {
+        Ok(PollOutcome::Waiting { seq, ahead }) => Ok(waiting(state, seq, ahead)),
         Ok(PollOutcome::Admitted {
             token,
             expires_at,
             waited_ms,
         }) => {
-            state.store_ok();
             if token == offered.token {
                 state.count_token(target, "issued");
             }
@@ -232,32 +265,46 @@ async fn poll(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply,
             }
             Ok(entry(EntryStatus::Admitted { token, expires_at }))
         }
-        Ok(PollOutcome::NotInQueue) => {
-            state.store_ok();
-            Err(ApiError::NotInQueue)
-        }
-        Err(e) => Ok(fail_open(state, "poll", target, user, &e, now)),
+        Ok(PollOutcome::NotInQueue) => Err(ApiError::NotInQueue),
+        Err(_) => degraded(state, target, user, now),
     }
 }
 
 async fn leave(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply, ApiError> {
-    match state.bounded(state.store.leave(target, user)).await {
-        Ok(()) => state.store_ok(),
-        // The user stops polling either way; the pump evicts them once the store is back.
-        Err(e) => state.store_failed("leave", &e),
-    }
+    // A failure is counted by the guard; the user stops polling either way and the pump evicts
+    // them once the store is back.
+    let _ = state.store.leave(target, user).await;
     Ok(Reply::no_content())
 }
 
+/// How long a stats caller waits for another caller's refresh of the same target.
+const STATS_BUSY_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
+const STATS_BUSY_WAITS: usize = 60;
+
+/// Stats come from the per-replica cache (`stats.rs`): at most one store call per target and
+/// second per replica, whatever the request rate.
 async fn stats(state: &AppState, target: QueueTarget) -> Result<Reply, ApiError> {
-    match state.bounded(state.store.stats(target, now())).await {
-        Ok(s) => {
-            state.store_ok();
-            Ok(Reply::json(200, &QueueStatsResponse::from(s)))
+    let reply = |s: QueueStats| Reply::json(200, &QueueStatsResponse::from(s));
+    let unavailable = || Err(ApiError::QueueUnavailable);
+    let mut lookup = state.stats_cache.lookup(target, Instant::now());
+    // The first callers for a target wait (briefly) for the one refresh in flight.
+    for _ in 0..STATS_BUSY_WAITS {
+        if lookup != Lookup::Busy {
+            break;
         }
-        Err(e) => {
-            state.store_failed("stats", &e);
-            Err(ApiError::QueueUnavailable)
+        tokio::time::sleep(STATS_BUSY_WAIT).await;
+        lookup = state.stats_cache.lookup(target, Instant::now());
+    }
+    match lookup {
+        Lookup::Answer(s) => Ok(reply(s)),
+        Lookup::Busy => unavailable(),
+        Lookup::Refresh { stale } => {
+            let fetched = state.store.stats(target, now()).await.ok();
+            state.stats_cache.finish(target, fetched, Instant::now());
+            match fetched.or(stale) {
+                Some(s) => Ok(reply(s)),
+                None => unavailable(),
+            }
         }
     }
 }

@@ -16,8 +16,10 @@ use super::path::CanonicalPath;
 use super::AppState;
 use crate::config::GateRoute;
 use crate::error::ApiError;
+use crate::failopen::LocalClaim;
 use crate::queue::QueueTarget;
 use crate::store::Now;
+use crate::store::QueueStore;
 use crate::token::{verify, MAX_TOKEN_LEN};
 
 pub const TOKEN_HEADER: &str = "x-entry-token";
@@ -111,6 +113,14 @@ fn bad(reason: &'static str, detail: &'static str) -> Denied {
     }
 }
 
+/// A single-use claim taken for a request: in the store, or (the store unavailable) in this
+/// replica's `LocalClaims`, to be written to the store once it answers again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    Stored(QueueTarget, String),
+    Local(QueueTarget, String),
+}
+
 /// A passed check: what to forward and whether a single-use claim must be given back if the
 /// backend refuses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,8 +128,8 @@ pub struct Passed {
     pub target: QueueTarget,
     /// False when the flag is off for this user and target, so no token was looked at.
     pub checked: bool,
-    /// The claim id taken for this token, when single use is on and the store answered.
-    pub claim: Option<String>,
+    /// The claim taken for this token, when single use is on.
+    pub claim: Option<Claim>,
 }
 
 /// Header checks that apply to every request on a gated path, whatever its method.
@@ -192,35 +202,33 @@ pub async fn check(
         });
     }
     let id = token_id(token);
+    let used = || deny("already_used", "the entry token has been used already");
+    if state.claims.contains(target, &id, now_s) {
+        // Spent on this replica while the store was down, and not yet written back.
+        return Err(used());
+    }
     let ttl = Duration::from_secs(claims.expires_at.saturating_sub(now_s).max(1));
-    match state
-        .bounded(state.store.claim(target, &id, ttl, now))
-        .await
-    {
-        Ok(true) => {
-            state.store_ok();
-            Ok(Passed {
+    match state.store.claim(target, &id, ttl, now).await {
+        Ok(true) => Ok(Passed {
+            target,
+            checked: true,
+            claim: Some(Claim::Stored(target, id)),
+        }),
+        Ok(false) => Err(used()),
+        // HMAC and expiry still hold; the claim is kept on this replica and written to the
+        // store when it answers again (`LocalClaims`).
+        Err(_) => match state.claims.claim(target, &id, claims.expires_at, now_s) {
+            LocalClaim::Taken => Ok(Passed {
                 target,
                 checked: true,
-                claim: Some(id),
-            })
-        }
-        Ok(false) => {
-            state.store_ok();
-            Err(deny(
-                "already_used",
-                "the entry token has been used already",
-            ))
-        }
-        Err(e) => {
-            // HMAC and expiry still hold; only the single-use promise is suspended.
-            state.store_failed("claim", &e);
-            Ok(Passed {
-                target,
-                checked: true,
-                claim: None,
-            })
-        }
+                claim: Some(Claim::Local(target, id)),
+            }),
+            LocalClaim::AlreadyUsed => Err(used()),
+            LocalClaim::Full => Err(Denied {
+                error: ApiError::QueueUnavailable,
+                reason: "claims_full",
+            }),
+        },
     }
 }
 

@@ -19,9 +19,9 @@ pub mod api;
 pub mod gate;
 pub mod path;
 pub mod route;
+pub mod stats;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,10 +34,11 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 
 use crate::config::Config;
 use crate::error::ApiError;
+use crate::failopen::{LocalClaims, Pacer};
 use crate::flag::Flag;
 use crate::metrics::Metrics;
 use crate::queue::QueueTarget;
-use crate::store::{QueueStore, StoreError};
+use crate::store::{GuardConfig, QueueStore, StoreGuard};
 use crate::token::TokenKeys;
 use api::Reply;
 use route::RouteClass;
@@ -46,12 +47,16 @@ use route::RouteClass;
 pub struct AppState {
     pub config: Config,
     pub upstream: SocketAddr,
-    pub store: Arc<dyn QueueStore>,
+    /// The store behind its guard (deadlines, breaker, in-flight limits, health).
+    pub store: Arc<StoreGuard>,
     pub keys: TokenKeys,
     pub flag: Flag,
     pub metrics: Metrics,
-    /// Set while the store fails, so an outage logs one line, not one per request.
-    store_down: AtomicBool,
+    /// The paced fail-open budget (`failopen.rs`).
+    pub pacer: Pacer,
+    /// Single-use claims taken while the store could not record them.
+    pub claims: LocalClaims,
+    pub stats_cache: stats::StatsCache,
 }
 
 impl AppState {
@@ -63,43 +68,30 @@ impl AppState {
         flag: Flag,
         metrics: Metrics,
     ) -> AppState {
+        let guard = StoreGuard::new(
+            store,
+            GuardConfig {
+                timeout: config.command_timeout,
+                max_in_flight: config.store_max_in_flight,
+            },
+            metrics.clone(),
+        );
+        let pacer = Pacer::new(
+            crate::queue::millis(config.tick),
+            config.batch_size.get(),
+            config.fail_open_min_replicas,
+            config.fail_open_max_replicas,
+        );
         AppState {
             config,
             upstream,
-            store,
+            store: Arc::new(guard),
             keys,
             flag,
             metrics,
-            store_down: AtomicBool::new(false),
-        }
-    }
-
-    pub fn store_ok(&self) {
-        if self.store_down.swap(false, Ordering::Relaxed) {
-            tracing::info!(
-                store = self.store.kind(),
-                "store answers again; queue resumed"
-            );
-        }
-    }
-
-    pub fn store_failed(&self, op: &'static str, e: &StoreError) {
-        self.metrics.degraded.with_label_values(&[op]).inc();
-        if !self.store_down.swap(true, Ordering::Relaxed) {
-            tracing::warn!(store = self.store.kind(), op, error = %e,
-                "store failed; failing open until it answers again");
-        }
-    }
-
-    /// One deadline for a whole store operation on the request path (a script reload or a
-    /// registration inside it included): past `command_timeout` the caller fails open.
-    pub async fn bounded<T>(
-        &self,
-        op: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.config.command_timeout, op).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Unavailable("deadline exceeded".into())),
+            pacer,
+            claims: LocalClaims::default(),
+            stats_cache: Default::default(),
         }
     }
 
@@ -119,7 +111,7 @@ pub struct RequestCtx {
     /// The path the backend receives instead of the client's spelling (gated shapes, absolute form).
     forward_path: Option<String>,
     /// A single-use claim taken for this request, given back if the backend refuses.
-    claim: Option<(QueueTarget, String)>,
+    claim: Option<gate::Claim>,
     /// Whether the request header was handed to the backend (after which a lost answer keeps the
     /// claim: the backend may have acted on it).
     sent_upstream: bool,
@@ -150,9 +142,7 @@ impl Gateway {
                 ctx.class = RouteClass::Gated;
                 match gate::check(state, g, &req.headers, api::now()).await {
                     Ok(passed) => {
-                        if let Some(id) = passed.claim {
-                            ctx.claim = Some((passed.target, id));
-                        }
+                        ctx.claim = passed.claim;
                         if passed.checked {
                             state.count_token(passed.target, "consumed");
                         }
@@ -180,10 +170,13 @@ impl Gateway {
     }
 
     async fn release_claim(&self, ctx: &mut RequestCtx) {
-        if let Some((target, id)) = ctx.claim.take() {
-            if let Err(e) = self.state.store.release(target, &id).await {
-                self.state.store_failed("release", &e);
+        match ctx.claim.take() {
+            Some(gate::Claim::Stored(target, id)) => {
+                // A failure is counted by the guard; the claim then expires with the token.
+                let _ = self.state.store.release(target, &id).await;
             }
+            Some(gate::Claim::Local(target, id)) => self.state.claims.release(target, &id),
+            None => {}
         }
     }
 }
@@ -196,6 +189,9 @@ pub async fn write_reply(session: &mut Session, reply: &Reply) -> Result<()> {
         header.insert_header(http::header::CONTENT_TYPE, "application/json")?;
     }
     header.insert_header(http::header::CACHE_CONTROL, "no-store")?;
+    if let Some(secs) = reply.retry_after {
+        header.insert_header(http::header::RETRY_AFTER, secs.to_string())?;
+    }
     session
         .write_response_header(Box::new(header), reply.body.is_empty())
         .await?;

@@ -1,5 +1,6 @@
 //! What the API answers: `QueueEntryResponse` and `QueueStatsResponse`, field for field as SPEC §3
-//! (camelCase; fields that do not apply are present as `null`).
+//! (camelCase; fields that do not apply are present as `null`), plus the additive `degraded`
+//! field: true when the answer was given without the shared store (fail-open, SPEC §7).
 
 use serde::Serialize;
 
@@ -15,6 +16,9 @@ pub enum EntryStatus {
     Admitted { token: String, expires_at: u64 },
     /// Let through without queueing (flag off for this user, or the store failed open).
     DirectAdmitted { token: String, expires_at: u64 },
+    /// The store is unavailable and this replica's paced budget for the tick is used up: wait
+    /// and poll again after `eta_seconds`. No position is known without the store.
+    WaitingDegraded { eta_seconds: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -26,6 +30,15 @@ pub struct QueueEntryResponse {
     pub eta_seconds: Option<u64>,
     pub entry_token: Option<String>,
     pub token_expires_at: Option<String>,
+    /// Answered while the shared store was unavailable (per `fail_open.mode`).
+    pub degraded: bool,
+}
+
+impl QueueEntryResponse {
+    pub fn degraded(mut self) -> Self {
+        self.degraded = true;
+        self
+    }
 }
 
 impl From<EntryStatus> for QueueEntryResponse {
@@ -37,6 +50,7 @@ impl From<EntryStatus> for QueueEntryResponse {
             eta_seconds: Some(eta),
             entry_token: None,
             token_expires_at: None,
+            degraded: false,
         };
         let with_token = |status, token, exp| QueueEntryResponse {
             status,
@@ -45,6 +59,7 @@ impl From<EntryStatus> for QueueEntryResponse {
             eta_seconds: None,
             entry_token: Some(token),
             token_expires_at: Some(iso8601_utc(exp)),
+            degraded: false,
         };
         match s {
             EntryStatus::Waiting {
@@ -58,6 +73,15 @@ impl From<EntryStatus> for QueueEntryResponse {
             EntryStatus::DirectAdmitted { token, expires_at } => {
                 with_token("DIRECT_ADMITTED", token, expires_at)
             }
+            EntryStatus::WaitingDegraded { eta_seconds } => QueueEntryResponse {
+                status: "WAITING",
+                position: None,
+                ahead_count: None,
+                eta_seconds: Some(eta_seconds),
+                entry_token: None,
+                token_expires_at: None,
+                degraded: true,
+            },
         }
     }
 }
@@ -147,7 +171,7 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!({"status":"WAITING","position":17,"aheadCount":16,"etaSeconds":2,
-                "entryToken":null,"tokenExpiresAt":null})
+                "entryToken":null,"tokenExpiresAt":null,"degraded":false})
         );
     }
 
@@ -162,7 +186,18 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!({"status":"ADMITTED","position":null,"aheadCount":null,"etaSeconds":null,
-                "entryToken":"t","tokenExpiresAt":"2026-07-09T10:00:00Z"})
+                "entryToken":"t","tokenExpiresAt":"2026-07-09T10:00:00Z","degraded":false})
+        );
+    }
+
+    #[test]
+    fn degraded_waiting_has_no_position() {
+        let r: QueueEntryResponse = EntryStatus::WaitingDegraded { eta_seconds: 2 }.into();
+        let v = serde_json::to_value(r).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"status":"WAITING","position":null,"aheadCount":null,"etaSeconds":2,
+                "entryToken":null,"tokenExpiresAt":null,"degraded":true})
         );
     }
 

@@ -538,6 +538,16 @@ impl QueueStore for MemoryStore {
         claims.remove(&(target, token_id.to_string()));
         Ok(())
     }
+
+    /// One process: the only instance there is.
+    async fn register_instance(
+        &self,
+        _instance: &str,
+        _window: Duration,
+        _now: Now,
+    ) -> Result<u32, StoreError> {
+        Ok(1)
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! stores store exactly the bytes the gateway signed.
 
 mod breaker;
+mod guard;
 mod memory;
 mod redis;
 mod scripts;
@@ -15,6 +16,7 @@ use async_trait::async_trait;
 
 use crate::queue::{QueueStats, QueueTarget};
 
+pub use guard::{GuardConfig, StoreGuard};
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
 
@@ -30,17 +32,38 @@ pub const RATE_WINDOW_MS: u64 = 30_000;
 /// Default cap on targets with a live queue (`queue.max_active_targets`).
 pub const DEFAULT_MAX_TARGETS: usize = 1000;
 
+/// Redis memory per waiting user, measured by `benches/redis_memory.rs` at 100,000 users.
+pub const BYTES_PER_WAITING_USER: u64 = 216;
+
 /// How many advance samples (time, mark) a target keeps for its rate.
 pub const ADVANCE_SAMPLES: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The store could not be reached or did not answer in time: callers fail open.
+    /// The store could not be reached (disconnected, refused): callers degrade per their mode.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The store did not answer within the deadline.
+    #[error("store did not answer in time")]
+    Timeout,
+    /// This replica already has as many store calls in flight as it allows: refused at once
+    /// instead of queued into timeouts.
+    #[error("store saturated: too many calls in flight")]
+    Saturated,
+    /// Redis refused a write because it reached `maxmemory`. Not an outage: Redis answers, it
+    /// only takes no new state (new enters are refused, everything else goes on).
+    #[error("store out of memory")]
+    OutOfMemory,
     /// The store answered with something the gateway does not understand (a bug, not an outage).
     #[error("unexpected store reply: {0}")]
     Protocol(String),
+}
+
+impl StoreError {
+    /// Whether the caller should degrade (fail open per its mode) rather than report an answer.
+    pub fn is_outage(&self) -> bool {
+        !matches!(self, StoreError::OutOfMemory)
+    }
 }
 
 /// A token the caller has signed and offers to the store; stored only if none is stored yet.
@@ -195,4 +218,17 @@ pub trait QueueStore: Send + Sync + 'static {
 
     /// Gives a claim back (the backend refused the purchase, so the user may retry).
     async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError>;
+
+    /// Records that `instance` is alive (the pump calls it every tick) and answers how many
+    /// instances did so within `window`: the replica count the fail-open pacer shares the
+    /// budget by.
+    async fn register_instance(
+        &self,
+        instance: &str,
+        window: std::time::Duration,
+        now: Now,
+    ) -> Result<u32, StoreError>;
+
+    /// Rebuilds the connection (asked for by the breaker when probes keep timing out).
+    async fn reconnect(&self) {}
 }

@@ -4,10 +4,12 @@
 //! timeout and fail-fast options apply (fred 10 ignores options on its typed `evalsha`); a
 //! `NOSCRIPT` reply (a restarted or flushed Redis) loads the script and retries once, never
 //! reaching the caller. Every call is bounded by `command_timeout`; a disconnected client fails at
-//! once instead of queueing.
+//! once instead of queueing. Timeouts, refusals under `maxmemory` and disconnections come back as
+//! distinct `StoreError`s; what to do about them (breaker, deadlines, fail-open) is `StoreGuard`'s
+//! business, not this file's.
 //!
 //! fred spawns its connection task on the runtime that calls `connect`, so `connect` is called
-//! from a Pingora background service (`run_connection`) whose runtime lives as long as the server.
+//! from a Pingora background service whose runtime lives as long as the server.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -18,8 +20,7 @@ use fred::prelude::*;
 use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand};
 
-use super::breaker::Breaker;
-use super::scripts::{Script, Scripts, TargetKeys, ACTIVE_KEY};
+use super::scripts::{Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_KEY};
 use super::{
     Advance, AdvanceOutcome, EnterOutcome, Now, PollOutcome, QueueStore, StoreError,
     TokenCandidate, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS,
@@ -31,17 +32,12 @@ use crate::queue::{millis, QueueStats, QueueTarget};
 /// whose keys expired, so a live target must be re-registered now and then).
 const ACTIVE_REFRESH: Duration = Duration::from_secs(10);
 
-/// Consecutive failures that open the breaker, and how long it stays open.
-const BREAKER_THRESHOLD: u32 = 5;
-const BREAKER_OPEN_FOR: Duration = Duration::from_millis(500);
-
-/// How long start-up waits for a first connection before it declares itself ready (failing open).
-const STARTUP_WAIT: Duration = Duration::from_secs(2);
+/// How long a stats summary computed by `stats.lua` is reused (the answer is at most this stale).
+const STATS_SUMMARY_MAX_AGE_MS: u64 = 1000;
 
 pub struct RedisStore {
     client: Client,
     options: Options,
-    breaker: Breaker,
     started: std::sync::atomic::AtomicBool,
     scripts: Scripts,
     registered: Mutex<HashMap<QueueTarget, Instant>>,
@@ -55,7 +51,7 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Builds the client without connecting; see `run_connection`.
+    /// Builds the client without connecting; see `connect`.
     pub fn new(url: &str, command_timeout: Duration) -> Result<RedisStore, StoreError> {
         let mut config = Config::from_url(url)
             .map_err(|e| StoreError::Protocol(format!("bad redis url: {}", e.details())))?;
@@ -68,8 +64,8 @@ impl RedisStore {
                 c.internal_command_timeout = Duration::from_millis(500);
                 c.max_command_attempts = 1;
             })
-            // Reconnect forever, at most every 250 ms, so the store comes back by itself.
-            .set_policy(ReconnectPolicy::new_constant(0, 250))
+            // Reconnect forever, every 100 ms, so the store comes back by itself and soon.
+            .set_policy(ReconnectPolicy::new_constant(0, 100))
             .build()
             .map_err(|e| StoreError::Protocol(e.details().to_string()))?;
         let options = Options {
@@ -81,7 +77,6 @@ impl RedisStore {
         Ok(RedisStore {
             client,
             options,
-            breaker: Breaker::new(BREAKER_THRESHOLD, BREAKER_OPEN_FOR),
             started: std::sync::atomic::AtomicBool::new(false),
             scripts: Scripts::load(),
             registered: Mutex::new(HashMap::new()),
@@ -89,29 +84,58 @@ impl RedisStore {
         })
     }
 
-    /// Connects, loads the scripts, and returns when `shutdown` resolves (the connection task
-    /// lives on in the runtime until it is dropped). Call it from a long-lived runtime.
-    pub async fn run_connection(&self, shutdown: impl std::future::Future<Output = ()>) {
+    /// Starts the connection task and waits up to `wait` for a first connection, then loads the
+    /// scripts. Returns whether Redis was reached; either way start-up is over afterwards and the
+    /// client keeps reconnecting in the background. Call it from a runtime that lives as long as
+    /// the server (fred's connection task runs on it). No QUIT is ever sent: during the shutdown
+    /// grace period other services still need Redis (the pump releases its locks).
+    pub async fn connect(&self, wait: Duration) -> bool {
         let _task = self.client.connect();
-        let preload = async {
-            // Scripts are also loaded on demand (NOSCRIPT); loading them up front keeps the first
-            // requests after start from paying for it.
-            match tokio::time::timeout(STARTUP_WAIT, self.client.wait_for_connect()).await {
-                Ok(Ok(())) => self.load_scripts().await,
-                _ => tracing::warn!(
-                    "redis is not reachable at start; failing open and reconnecting in the background"
-                ),
-            }
-            self.started
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-            std::future::pending::<()>().await
-        };
-        tokio::select! {
-            _ = shutdown => {}
-            _ = preload => {}
+        // Scripts are also loaded on demand (NOSCRIPT); loading them up front keeps the first
+        // requests after start from paying for it.
+        let reached = matches!(
+            tokio::time::timeout(wait, self.client.wait_for_connect()).await,
+            Ok(Ok(()))
+        );
+        if reached {
+            self.load_scripts().await;
+        } else {
+            tracing::warn!(
+                wait_ms = wait.as_millis() as u64,
+                "redis is not reachable at start; degrading per fail_open.mode and reconnecting in the background"
+            );
         }
-        // No QUIT here: during the shutdown grace period other services still need Redis (the
-        // pump releases its locks); the connection ends with the runtime.
+        self.started
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        reached
+    }
+
+    /// `maxmemory` and `maxmemory-policy` as Redis reports them (None where `CONFIG` is refused,
+    /// as on some managed services).
+    pub async fn memory_config(&self) -> Option<(u64, String)> {
+        let reply = self
+            .command("CONFIG", vec!["GET".into(), "maxmemory*".into()])
+            .await
+            .ok()?;
+        let pairs: Vec<(String, String)> = match reply {
+            Value::Map(map) => map
+                .inner()
+                .into_iter()
+                .filter_map(|(k, v)| Some((k.as_str()?.to_string(), v.as_string()?)))
+                .collect(),
+            Value::Array(items) => items
+                .chunks(2)
+                .filter_map(|p| Some((p.first()?.as_string()?, p.get(1)?.as_string()?)))
+                .collect(),
+            _ => return None,
+        };
+        let get = |name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        Some((get("maxmemory")?.parse().ok()?, get("maxmemory-policy")?))
     }
 
     async fn load_scripts(&self) {
@@ -130,7 +154,7 @@ impl RedisStore {
         let reply = self
             .command("HGETALL", vec![crate::flag::FLAG_KEY.into()])
             .await
-            .map_err(unavailable)?;
+            .map_err(store_err)?;
         let items = match reply {
             Value::Map(map) => map
                 .inner()
@@ -162,40 +186,18 @@ impl RedisStore {
             args.push(k.as_str().into());
             args.push(v.as_str().into());
         }
-        self.command("HSET", args).await.map_err(unavailable)?;
+        self.command("HSET", args).await.map_err(store_err)?;
         Ok(())
     }
 
     async fn command(&self, name: &'static str, args: Vec<Value>) -> Result<Value, Error> {
-        if !self.breaker.allow(Instant::now()) {
-            return Err(Error::new(
-                ErrorKind::Timeout,
-                "circuit open: redis is not answering",
-            ));
-        }
-        let result = self
-            .client
+        self.client
             .with_options(&self.options)
             .custom(
                 CustomCommand::new_static(name, ClusterHash::FirstKey, false),
                 args,
             )
-            .await;
-        match &result {
-            // Only silence counts: a disconnected client already fails at once (fail-fast).
-            Err(e) if *e.kind() == ErrorKind::Timeout => {
-                if self.breaker.failure(Instant::now()) {
-                    // A hung connection may never error by itself: rebuild it.
-                    let client = self.client.clone();
-                    tokio::spawn(async move {
-                        let _ = client.force_reconnection().await;
-                    });
-                }
-            }
-            // A reply, even an error reply, means Redis is there.
-            _ => self.breaker.success(),
-        }
-        result
+            .await
     }
 
     async fn eval(
@@ -213,26 +215,20 @@ impl RedisStore {
             Err(e) if e.details().starts_with("NOSCRIPT") => {
                 self.command("SCRIPT", vec!["LOAD".into(), script.source.into()])
                     .await
-                    .map_err(unavailable)?;
-                self.command("EVALSHA", args).await.map_err(unavailable)
+                    .map_err(store_err)?;
+                self.command("EVALSHA", args).await.map_err(store_err)
             }
-            other => other.map_err(unavailable),
+            other => other.map_err(store_err),
         }
     }
 
-    /// `SET key value NX PX ttl`: true when this call set it, false when the key existed.
+    /// `SET key value NX PX ttl` (through `setnx.lua`, which runs under maxmemory too): true when
+    /// this call set it, false when the key existed.
     async fn set_nx_px(&self, key: String, value: &str, ttl: Duration) -> Result<bool, StoreError> {
         let ttl_ms = millis(ttl).max(1);
-        let args = vec![
-            key.into(),
-            value.into(),
-            "NX".into(),
-            "PX".into(),
-            ttl_ms.to_string().into(),
-        ];
-        let reply = self.command("SET", args).await.map_err(unavailable)?;
-        // OK when set, nil when the key was there already.
-        Ok(!reply.is_null())
+        let argv = vec![value.into(), ttl_ms.to_string().into()];
+        let reply = self.eval(&self.scripts.setnx, vec![key], argv).await?;
+        Ok(as_u64(&reply, "setnx")? == 1)
     }
 
     /// Caps the number of targets with a live queue (`queue:active`).
@@ -256,14 +252,14 @@ impl RedisStore {
         let member = self
             .command("SISMEMBER", vec![ACTIVE_KEY.into(), name.into()])
             .await
-            .map_err(unavailable)?;
+            .map_err(store_err)?;
         if as_u64(&member, "sismember")? == 1 {
             return Ok(true);
         }
         let active = self
             .command("SCARD", vec![ACTIVE_KEY.into()])
             .await
-            .map_err(unavailable)?;
+            .map_err(store_err)?;
         Ok(as_u64(&active, "scard")? < self.max_targets as u64)
     }
 
@@ -296,15 +292,22 @@ impl RedisStore {
                 if let Ok(mut seen) = self.registered.lock() {
                     seen.remove(&target);
                 }
-                return Err(unavailable(e));
+                return Err(store_err(e));
             }
         }
         Ok(())
     }
 }
 
-fn unavailable(e: Error) -> StoreError {
-    StoreError::Unavailable(e.details().to_string())
+/// A fred error as the guard needs to see it: silence, a refusal for memory, or unreachable.
+fn store_err(e: Error) -> StoreError {
+    if *e.kind() == ErrorKind::Timeout {
+        StoreError::Timeout
+    } else if e.details().starts_with("OOM") {
+        StoreError::OutOfMemory
+    } else {
+        StoreError::Unavailable(e.details().to_string())
+    }
 }
 
 fn protocol(what: &str, v: &Value) -> StoreError {
@@ -464,10 +467,13 @@ impl QueueStore for RedisStore {
             k.key("admitted_count"),
             k.key("waits"),
             k.key("advances"),
+            k.key("summary"),
         ];
         let argv = vec![
             now.epoch_ms.to_string().into(),
             RATE_WINDOW_MS.to_string().into(),
+            STATS_SUMMARY_MAX_AGE_MS.to_string().into(),
+            KEY_TTL_MS.to_string().into(),
         ];
         let items = reply_array(self.eval(&self.scripts.stats, keys, argv).await?, "stats")?;
         let get = |i: usize| {
@@ -485,7 +491,7 @@ impl QueueStore for RedisStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.command("PING", vec![]).await.map_err(unavailable)?;
+        self.command("PING", vec![]).await.map_err(store_err)?;
         Ok(())
     }
 
@@ -497,7 +503,7 @@ impl QueueStore for RedisStore {
         let members = self
             .command("SMEMBERS", vec![ACTIVE_KEY.into()])
             .await
-            .map_err(unavailable)?;
+            .map_err(store_err)?;
         let mut targets = Vec::new();
         for m in reply_array(members, "active")? {
             let Some(name) = m.as_string() else { continue };
@@ -509,11 +515,11 @@ impl QueueStore for RedisStore {
             let exists = self
                 .command("EXISTS", vec![seq_key.into()])
                 .await
-                .map_err(unavailable)?;
+                .map_err(store_err)?;
             if as_u64(&exists, "exists")? == 0 {
                 self.command("SREM", vec![ACTIVE_KEY.into(), name.into()])
                     .await
-                    .map_err(unavailable)?;
+                    .map_err(store_err)?;
             } else {
                 targets.push(target);
             }
@@ -605,7 +611,30 @@ impl QueueStore for RedisStore {
         let key = TargetKeys::new(target).key(&format!("used:{token_id}"));
         self.command("DEL", vec![key.into()])
             .await
-            .map_err(unavailable)?;
+            .map_err(store_err)?;
         Ok(())
+    }
+
+    async fn register_instance(
+        &self,
+        instance: &str,
+        window: Duration,
+        _now: Now,
+    ) -> Result<u32, StoreError> {
+        let argv = vec![instance.into(), millis(window).max(1).to_string().into()];
+        let reply = self
+            .eval(
+                &self.scripts.instances,
+                vec![INSTANCES_KEY.to_string()],
+                argv,
+            )
+            .await?;
+        Ok(u32::try_from(as_u64(&reply, "instances")?).unwrap_or(u32::MAX))
+    }
+
+    async fn reconnect(&self) {
+        if let Err(e) = self.client.force_reconnection().await {
+            tracing::debug!(error = %e.details(), "reconnect failed; fred keeps retrying");
+        }
     }
 }

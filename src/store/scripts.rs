@@ -33,6 +33,8 @@ pub struct Scripts {
     pub advance: Script,
     pub sweep: Script,
     pub unlock: Script,
+    pub setnx: Script,
+    pub instances: Script,
 }
 
 impl Scripts {
@@ -45,10 +47,12 @@ impl Scripts {
             advance: Script::new("advance", include_str!("../../lua/advance.lua")),
             sweep: Script::new("sweep", include_str!("../../lua/sweep.lua")),
             unlock: Script::new("unlock", include_str!("../../lua/unlock.lua")),
+            setnx: Script::new("setnx", include_str!("../../lua/setnx.lua")),
+            instances: Script::new("instances", include_str!("../../lua/instances.lua")),
         }
     }
 
-    pub fn all(&self) -> [&Script; 7] {
+    pub fn all(&self) -> [&Script; 9] {
         [
             &self.enter,
             &self.poll,
@@ -57,12 +61,17 @@ impl Scripts {
             &self.advance,
             &self.sweep,
             &self.unlock,
+            &self.setnx,
+            &self.instances,
         ]
     }
 }
 
 /// The set of targets the pump visits (written outside the per-target scripts).
 pub const ACTIVE_KEY: &str = "queue:active";
+
+/// The instance registry (`instances.lua`): live gateway replicas, for the fail-open pacer.
+pub const INSTANCES_KEY: &str = "queue:instances";
 
 /// Key names of one target.
 #[derive(Debug, Clone)]

@@ -11,6 +11,7 @@
 #![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod http;
+pub mod load;
 pub mod redis;
 pub mod upstream;
 
@@ -166,6 +167,32 @@ impl GatewayProc {
         }
         assert!(up, "gateway did not come up:\n{}", gw.log());
         Ok(gw)
+    }
+
+    /// Spawns the gateway and returns at once, without waiting for it to listen (for start-up
+    /// tests). Ports must be free.
+    pub fn spawn(config: ConfigFile) -> GatewayProc {
+        let dir = TempDir::new("gw");
+        let path = dir.0.join("gateway.toml");
+        std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
+        let log = std::fs::File::create(dir.0.join("gateway.log")).unwrap();
+        let child = Command::new(bin())
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env_remove("VQ_TOKEN_SECRET_PREVIOUS")
+            .env("VQ_TOKEN_SECRET", TEST_SECRET)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        GatewayProc {
+            child,
+            listen: config.server.listen.parse().unwrap(),
+            admin: config.server.admin_listen.parse().unwrap(),
+            dir,
+            config,
+        }
     }
 
     pub fn client(&self) -> Client {

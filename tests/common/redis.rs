@@ -48,6 +48,7 @@ pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
     dir: TempDir,
+    persistent: bool,
 }
 
 impl RedisServer {
@@ -56,6 +57,20 @@ impl RedisServer {
             child: None,
             port: free_port(),
             dir: TempDir::new("redis"),
+            persistent: false,
+        };
+        r.spawn();
+        r
+    }
+
+    /// With an append-only file fsynced on every write, as production runs it: a restart
+    /// keeps every key (scripts are still gone).
+    pub fn start_persistent() -> RedisServer {
+        let mut r = RedisServer {
+            child: None,
+            port: free_port(),
+            dir: TempDir::new("redis"),
+            persistent: true,
         };
         r.spawn();
         r
@@ -71,7 +86,9 @@ impl RedisServer {
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                if self.persistent { "yes" } else { "no" },
+                "--appendfsync",
+                "always",
                 "--dir",
             ])
             .arg(&self.dir.0)

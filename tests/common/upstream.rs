@@ -16,6 +16,8 @@ pub struct Recorded {
     pub target: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// When the request head arrived (epoch ms).
+    pub at_ms: u64,
 }
 
 impl Recorded {
@@ -159,6 +161,10 @@ fn read_request(r: &mut BufReader<TcpStream>) -> Option<Recorded> {
         target,
         headers,
         body: Vec::new(),
+        at_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64,
     };
     if let Some(len) = req
         .header("content-length")

@@ -1,0 +1,313 @@
+//! What a replica does while its store cannot be used (Redis down, hung, or shedding load): the
+//! fail-open policy (`fail_open.mode`) and the two pieces of local state that keep its promises.
+//!
+//! - `Pacer`: in `paced` mode (the default) a replica still enforces the admission budget by
+//!   itself: per target and tick it lets at most `share = ⌈batch_size / replicas⌉` users through
+//!   directly, where `replicas` is the live replica count the pump last read from the instance
+//!   registry (clamped to `[min_replicas, max_replicas]`; `max_replicas` while never learned, so
+//!   a replica that starts during an outage errs on the small side). It admits nobody in a tick
+//!   in which the store still answered this replica, so its budget and the pump's do not add up
+//!   in the tick an outage starts. Cluster-wide, a degraded tick admits at most
+//!   `replicas × share ≤ batch_size + replicas − 1` users.
+//! - `LocalClaims`: single-use claims that could not be stored in Redis are kept per replica for
+//!   the token's lifetime (a token is refused a second time on the same replica) and written to
+//!   Redis once it answers again, so after recovery a token used during the outage stays spent.
+//!   The reuse window is therefore one use per replica during the outage.
+//!
+//! No I/O: the caller passes the clock.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+
+use crate::queue::QueueTarget;
+
+/// `fail_open.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailOpenMode {
+    /// Each replica admits at most its share of the budget per tick; the rest wait.
+    Paced,
+    /// Everyone is let through with a stateless token (the seed's behaviour; the backend sees the
+    /// whole crowd during an outage).
+    Open,
+    /// Nobody is let through: enter and poll answer 503 with `Retry-After` until the store is back.
+    Closed,
+}
+
+impl FailOpenMode {
+    pub fn parse(s: &str) -> Option<FailOpenMode> {
+        match s {
+            "paced" => Some(FailOpenMode::Paced),
+            "open" => Some(FailOpenMode::Open),
+            "closed" => Some(FailOpenMode::Closed),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailOpenMode::Paced => "paced",
+            FailOpenMode::Open => "open",
+            FailOpenMode::Closed => "closed",
+        }
+    }
+}
+
+/// How many targets a replica keeps a local budget for at once (clients choose target ids).
+const MAX_PACED_TARGETS: usize = 4096;
+
+#[derive(Debug)]
+pub struct Pacer {
+    tick_ms: u64,
+    batch: u32,
+    min_replicas: u32,
+    max_replicas: u32,
+    /// The live replica count last read from the registry; 0 while never learned.
+    replicas: AtomicU32,
+    budgets: Mutex<HashMap<QueueTarget, Budget>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    window: u64,
+    used: u32,
+}
+
+impl Pacer {
+    pub fn new(tick_ms: u64, batch: u32, min_replicas: u32, max_replicas: u32) -> Pacer {
+        let min_replicas = min_replicas.max(1);
+        Pacer {
+            tick_ms: tick_ms.max(1),
+            batch: batch.max(1),
+            min_replicas,
+            max_replicas: max_replicas.max(min_replicas),
+            replicas: AtomicU32::new(0),
+            budgets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Records the live replica count read from the instance registry.
+    pub fn set_replicas(&self, n: u32) {
+        self.replicas.store(n, Ordering::Relaxed);
+    }
+
+    /// The replica count the share is computed from.
+    pub fn replicas(&self) -> u32 {
+        match self.replicas.load(Ordering::Relaxed) {
+            0 => self.max_replicas,
+            n => n.clamp(self.min_replicas, self.max_replicas),
+        }
+    }
+
+    /// This replica's direct admissions per target and tick while degraded.
+    pub fn share(&self) -> u32 {
+        self.batch.div_ceil(self.replicas())
+    }
+
+    pub fn tick_ms(&self) -> u64 {
+        self.tick_ms
+    }
+
+    /// Whether one more user of `target` may be let through now. `last_ok_ms` is when the store
+    /// last answered a request-path call of this replica (0: never).
+    pub fn try_admit(&self, target: QueueTarget, now_ms: u64, last_ok_ms: u64) -> bool {
+        let window = now_ms / self.tick_ms;
+        if last_ok_ms > 0 && window <= last_ok_ms / self.tick_ms {
+            // The store answered in this tick: the pump may have admitted its batch in it.
+            return false;
+        }
+        let share = self.share();
+        let mut budgets = self.budgets.lock().unwrap_or_else(|p| p.into_inner());
+        if !budgets.contains_key(&target) && budgets.len() >= MAX_PACED_TARGETS {
+            budgets.retain(|_, b| b.window == window);
+            if budgets.len() >= MAX_PACED_TARGETS {
+                return false;
+            }
+        }
+        let b = budgets.entry(target).or_insert(Budget { window, used: 0 });
+        if b.window != window {
+            *b = Budget { window, used: 0 };
+        }
+        if b.used < share {
+            b.used += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Seconds until the next tick, the honest wait for a user the budget could not take now.
+    pub fn retry_after_secs(&self, now_ms: u64) -> u64 {
+        let left = self.tick_ms - now_ms % self.tick_ms;
+        left.div_ceil(1000).max(1)
+    }
+}
+
+/// How many claims a replica keeps locally at most (each is one admitted user's token).
+pub const MAX_LOCAL_CLAIMS: usize = 200_000;
+
+/// Single-use claims taken while the store could not record them.
+#[derive(Debug, Default)]
+pub struct LocalClaims {
+    inner: Mutex<ClaimsInner>,
+}
+
+#[derive(Debug, Default)]
+struct ClaimsInner {
+    /// (target, token id) → expiry (epoch seconds).
+    claims: HashMap<(QueueTarget, String), u64>,
+    /// Claims not yet written to the store.
+    pending: Vec<(QueueTarget, String, u64)>,
+}
+
+/// The outcome of a local claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalClaim {
+    Taken,
+    AlreadyUsed,
+    /// The local table is full of unexpired claims.
+    Full,
+}
+
+impl LocalClaims {
+    pub fn claim(&self, target: QueueTarget, id: &str, expires_at: u64, now_s: u64) -> LocalClaim {
+        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (target, id.to_string());
+        if c.claims.get(&key).is_some_and(|exp| *exp > now_s) {
+            return LocalClaim::AlreadyUsed;
+        }
+        if c.claims.len() >= MAX_LOCAL_CLAIMS {
+            c.claims.retain(|_, exp| *exp > now_s);
+            c.pending.retain(|(_, _, exp)| *exp > now_s);
+            if c.claims.len() >= MAX_LOCAL_CLAIMS {
+                return LocalClaim::Full;
+            }
+        }
+        c.claims.insert(key, expires_at);
+        c.pending.push((target, id.to_string(), expires_at));
+        LocalClaim::Taken
+    }
+
+    /// Gives a local claim back (the backend did not process the request).
+    pub fn release(&self, target: QueueTarget, id: &str) {
+        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        c.claims.remove(&(target, id.to_string()));
+        c.pending.retain(|(t, i, _)| !(*t == target && i == id));
+    }
+
+    /// Whether `id` is claimed locally (and unexpired).
+    pub fn contains(&self, target: QueueTarget, id: &str, now_s: u64) -> bool {
+        let c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        c.claims
+            .get(&(target, id.to_string()))
+            .is_some_and(|exp| *exp > now_s)
+    }
+
+    /// Takes the claims still to be written to the store (unexpired ones only).
+    pub fn take_pending(&self, now_s: u64) -> Vec<(QueueTarget, String, u64)> {
+        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = std::mem::take(&mut c.pending);
+        out.retain(|(_, _, exp)| *exp > now_s);
+        out
+    }
+
+    /// Puts back claims that could not be written yet.
+    pub fn restore_pending(&self, claims: Vec<(QueueTarget, String, u64)>) {
+        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        c.pending.extend(claims);
+    }
+
+    pub fn pending_len(&self) -> usize {
+        let c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        c.pending.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::TargetType;
+
+    fn t(id: u64) -> QueueTarget {
+        QueueTarget::new(TargetType::LimitedDrop, id)
+    }
+
+    #[test]
+    fn share_follows_the_replica_count_within_bounds() {
+        let p = Pacer::new(2000, 100, 1, 16);
+        assert_eq!(p.replicas(), 16, "never learned: the ceiling");
+        assert_eq!(p.share(), 7);
+        p.set_replicas(3);
+        assert_eq!(p.share(), 34);
+        p.set_replicas(1000);
+        assert_eq!(p.replicas(), 16);
+        let floor = Pacer::new(2000, 100, 4, 16);
+        floor.set_replicas(1);
+        assert_eq!(floor.share(), 25);
+    }
+
+    #[test]
+    fn admits_at_most_the_share_per_tick_and_target() {
+        let p = Pacer::new(1000, 10, 1, 8);
+        p.set_replicas(2);
+        let now = 50_000;
+        let admitted = (0..100).filter(|_| p.try_admit(t(1), now, 0)).count();
+        assert_eq!(admitted, 5);
+        assert!(
+            p.try_admit(t(2), now + 10, 0),
+            "another target has its own budget"
+        );
+        assert!(!p.try_admit(t(1), now + 999, 0));
+        let next = (0..100)
+            .filter(|_| p.try_admit(t(1), now + 1000, 0))
+            .count();
+        assert_eq!(next, 5, "a new tick, a new budget");
+    }
+
+    #[test]
+    fn nobody_in_a_tick_where_the_store_answered() {
+        let p = Pacer::new(1000, 10, 1, 1);
+        p.set_replicas(1);
+        assert!(!p.try_admit(t(1), 5_500, 5_100));
+        assert!(p.try_admit(t(1), 6_000, 5_100));
+    }
+
+    #[test]
+    fn the_target_table_is_bounded() {
+        let p = Pacer::new(1000, 10, 1, 1);
+        for id in 1..=MAX_PACED_TARGETS as u64 {
+            assert!(p.try_admit(t(id), 1_000, 0));
+        }
+        assert!(!p.try_admit(t(999_999), 1_500, 0), "full in this tick");
+        assert!(p.try_admit(t(999_999), 2_000, 0), "stale entries make room");
+    }
+
+    #[test]
+    fn local_claims_are_single_use_and_pending_until_written() {
+        let c = LocalClaims::default();
+        assert_eq!(c.claim(t(1), "a", 100, 10), LocalClaim::Taken);
+        assert_eq!(c.claim(t(1), "a", 100, 11), LocalClaim::AlreadyUsed);
+        assert_eq!(c.claim(t(2), "a", 100, 11), LocalClaim::Taken);
+        c.release(t(2), "a");
+        assert!(!c.contains(t(2), "a", 12));
+        assert_eq!(c.pending_len(), 1);
+        let p = c.take_pending(12);
+        assert_eq!(p, vec![(t(1), "a".to_string(), 100)]);
+        assert_eq!(c.pending_len(), 0);
+        c.restore_pending(p);
+        assert_eq!(c.pending_len(), 1);
+        assert!(c.take_pending(200).is_empty(), "expired claims are dropped");
+        assert_eq!(
+            c.claim(t(1), "a", 300, 150),
+            LocalClaim::Taken,
+            "an expired claim no longer counts"
+        );
+    }
+
+    #[test]
+    fn retry_after_is_the_rest_of_the_tick() {
+        let p = Pacer::new(2000, 1, 1, 1);
+        assert_eq!(p.retry_after_secs(10_000), 2);
+        assert_eq!(p.retry_after_secs(11_500), 1);
+    }
+}

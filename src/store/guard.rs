@@ -1,0 +1,397 @@
+//! `StoreGuard`: the one place that decides how much the gateway waits for its store. It wraps a
+//! `QueueStore` and implements the same trait, so every caller (request path, pump, stats, flag
+//! refresh, claim replay) gets the same policy without repeating it:
+//!
+//! - **Deadline**: every operation, script reloads and registrations inside it included, ends
+//!   within `timeout`; past it the caller degrades.
+//! - **Classes with their own budgets**: request-path calls (enter, poll, leave, claim, release)
+//!   share `max_in_flight` permits and the circuit breaker; stats have a few permits of their
+//!   own; the pump and the flag refresh have only the deadline. A slow or failing call of one
+//!   class never opens the breaker of another, so a stats flood cannot fail the queue open.
+//! - **Refuse early**: a request-path call beyond `max_in_flight` is refused at once
+//!   (`Saturated`) instead of queueing behind a stalled store into a storm of timeouts.
+//! - **Breaker** (`breaker.rs`): consecutive timeouts open it; one probe at a time closes it; a
+//!   reconnect only when probes keep timing out, never two at once.
+//! - **Health**: a latch that logs one line when the request path starts failing and one when it
+//!   answers again, the `virtual_queue_store_degraded` gauge, the degraded and refused counters,
+//!   and the time of the last answer (the fail-open pacer admits nobody in a tick in which the
+//!   store still answered).
+//!
+//! Out of memory is not an outage: Redis answered, so the breaker counts it as a success and the
+//! callers decide (new enters are refused; everything else keeps working).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::Semaphore;
+
+use super::breaker::{Admit, Breaker, BreakerConfig, Verdict};
+use super::{Advance, EnterOutcome, Now, PollOutcome, QueueStore, StoreError, TokenCandidate};
+use crate::metrics::Metrics;
+use crate::queue::{QueueStats, QueueTarget};
+
+/// Consecutive timeouts that open the breaker, how long it stays open before a probe, and how
+/// many silent probes in a row ask for a reconnect.
+const BREAKER_THRESHOLD: u32 = 5;
+const BREAKER_OPEN_FOR: Duration = Duration::from_millis(200);
+const RECONNECT_AFTER_PROBES: u32 = 2;
+
+/// Stats calls in flight per replica (the per-replica stats cache keeps this far from reached).
+const STATS_IN_FLIGHT: usize = 4;
+
+/// At most one "shedding" warning per this period.
+const SHED_LOG_EVERY_MS: u64 = 10_000;
+
+#[derive(Debug, Clone, Copy)]
+pub struct GuardConfig {
+    pub timeout: Duration,
+    pub max_in_flight: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// enter, poll, leave, claim, release, probe: the breaker and `max_in_flight`.
+    Request,
+    /// stats: a few permits of its own.
+    Stats,
+    /// pump, flag refresh, registry, claim replay: the deadline only.
+    Background,
+}
+
+pub struct StoreGuard {
+    inner: Arc<dyn QueueStore>,
+    cfg: GuardConfig,
+    breaker: Breaker,
+    requests: Semaphore,
+    stats: Semaphore,
+    metrics: Metrics,
+    down: AtomicBool,
+    down_since: std::sync::Mutex<Option<Instant>>,
+    last_ok_ms: AtomicU64,
+    last_shed_log_ms: AtomicU64,
+    reconnecting: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for StoreGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreGuard")
+            .field("store", &self.inner.kind())
+            .field("degraded", &self.degraded())
+            .finish_non_exhaustive()
+    }
+}
+
+fn epoch_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl StoreGuard {
+    pub fn new(inner: Arc<dyn QueueStore>, cfg: GuardConfig, metrics: Metrics) -> StoreGuard {
+        StoreGuard {
+            inner,
+            breaker: Breaker::new(BreakerConfig {
+                threshold: BREAKER_THRESHOLD,
+                open_for: BREAKER_OPEN_FOR,
+                probe_timeout: cfg.timeout * 2,
+                reconnect_after: RECONNECT_AFTER_PROBES,
+            }),
+            requests: Semaphore::new(cfg.max_in_flight.max(1)),
+            stats: Semaphore::new(STATS_IN_FLIGHT),
+            cfg,
+            metrics,
+            down: AtomicBool::new(false),
+            down_since: std::sync::Mutex::new(None),
+            last_ok_ms: AtomicU64::new(0),
+            last_shed_log_ms: AtomicU64::new(0),
+            reconnecting: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The wrapped store, for work that picks its policy itself (`background`).
+    pub fn inner(&self) -> &Arc<dyn QueueStore> {
+        &self.inner
+    }
+
+    /// Whether the request path is failing right now (breaker open, or the last call failed).
+    pub fn degraded(&self) -> bool {
+        self.down.load(Ordering::Relaxed) || self.breaker.is_open()
+    }
+
+    /// When the store last answered any call of this replica (epoch ms; 0: never).
+    pub fn last_ok_ms(&self) -> u64 {
+        self.last_ok_ms.load(Ordering::Relaxed)
+    }
+
+    /// One request-class `PING`: the background prober runs it so that a degraded replica finds
+    /// out that the store is back without waiting for traffic, and a healthy one notices a hang.
+    pub async fn probe(&self) -> Result<(), StoreError> {
+        self.run(Class::Request, "probe", self.inner.ping()).await
+    }
+
+    /// Runs any other store work (the flag refresh) under the background policy.
+    pub async fn background<T>(
+        &self,
+        op: &'static str,
+        fut: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.run(Class::Background, op, fut).await
+    }
+
+    async fn run<T>(
+        &self,
+        class: Class,
+        op: &'static str,
+        fut: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.metrics.store_calls.with_label_values(&[op]).inc();
+        let _permit = match class {
+            Class::Request => match self.requests.try_acquire() {
+                Ok(p) => Some(p),
+                Err(_) => return Err(self.shed(op)),
+            },
+            Class::Stats => match self.stats.try_acquire() {
+                Ok(p) => Some(p),
+                Err(_) => return Err(self.shed(op)),
+            },
+            Class::Background => None,
+        };
+        let admit = if class == Class::Request {
+            match self.breaker.admit(Instant::now()) {
+                Admit::Reject => {
+                    let e =
+                        StoreError::Unavailable("circuit open: the store is not answering".into());
+                    self.failed(class, op, &e);
+                    return Err(e);
+                }
+                a => a,
+            }
+        } else {
+            Admit::Call
+        };
+        let result = match tokio::time::timeout(self.cfg.timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout),
+        };
+        match &result {
+            Ok(_) => self.answered(class),
+            Err(StoreError::OutOfMemory) => {
+                self.answered(class);
+                self.metrics.refused.with_label_values(&[op, "oom"]).inc();
+            }
+            Err(e @ StoreError::Protocol(_)) => {
+                // Redis answered; the reply was not what we expected (a bug, logged every time).
+                self.answered(class);
+                tracing::error!(op, error = %e, "unexpected store reply");
+                self.metrics.degraded.with_label_values(&[op]).inc();
+            }
+            Err(e) => {
+                if class == Class::Request {
+                    let timed_out = matches!(e, StoreError::Timeout);
+                    if self.breaker.failure(Instant::now(), admit, timed_out) == Verdict::Reconnect
+                    {
+                        self.reconnect();
+                    }
+                }
+                self.failed(class, op, e);
+            }
+        }
+        result
+    }
+
+    fn answered(&self, class: Class) {
+        self.last_ok_ms.fetch_max(epoch_ms(), Ordering::Relaxed);
+        if class != Class::Request {
+            return;
+        }
+        self.breaker.success();
+        if self.down.swap(false, Ordering::Relaxed) {
+            let since = self
+                .down_since
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            let ms = since.map_or(0, |t| t.elapsed().as_millis() as u64);
+            self.metrics.store_degraded.set(0);
+            tracing::info!(
+                store = self.inner.kind(),
+                degraded_ms = ms,
+                "store answers again; queue resumed"
+            );
+        }
+    }
+
+    fn failed(&self, class: Class, op: &'static str, e: &StoreError) {
+        self.metrics.degraded.with_label_values(&[op]).inc();
+        if class != Class::Request {
+            return;
+        }
+        if !self.down.swap(true, Ordering::Relaxed) {
+            *self.down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+            self.metrics.store_degraded.set(1);
+            tracing::warn!(store = self.inner.kind(), op, error = %e,
+                "store failed; degrading until it answers again");
+        }
+    }
+
+    fn shed(&self, op: &'static str) -> StoreError {
+        self.metrics
+            .refused
+            .with_label_values(&[op, "saturated"])
+            .inc();
+        let now = epoch_ms();
+        let last = self.last_shed_log_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= SHED_LOG_EVERY_MS
+            && self
+                .last_shed_log_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                op,
+                max_in_flight = self.cfg.max_in_flight,
+                "store calls in flight at the limit; refusing the excess at once"
+            );
+        }
+        StoreError::Saturated
+    }
+
+    /// One reconnect at a time, in the background; the breaker stays open meanwhile.
+    fn reconnect(&self) {
+        if self.reconnecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::warn!(
+            store = self.inner.kind(),
+            "the store stays silent; reconnecting"
+        );
+        let inner = self.inner.clone();
+        let flag = self.reconnecting.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(5), inner.reconnect()).await;
+            flag.store(false, Ordering::Release);
+        });
+    }
+}
+
+#[async_trait]
+impl QueueStore for StoreGuard {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    async fn enter(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        now: Now,
+        capacity: u64,
+    ) -> Result<EnterOutcome, StoreError> {
+        let fut = self.inner.enter(target, user, now, capacity);
+        self.run(Class::Request, "enter", fut).await
+    }
+
+    async fn poll(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        now: Now,
+        candidate: &TokenCandidate,
+    ) -> Result<PollOutcome, StoreError> {
+        let fut = self.inner.poll(target, user, now, candidate);
+        self.run(Class::Request, "poll", fut).await
+    }
+
+    async fn leave(&self, target: QueueTarget, user: u64) -> Result<(), StoreError> {
+        let fut = self.inner.leave(target, user);
+        self.run(Class::Request, "leave", fut).await
+    }
+
+    async fn stats(&self, target: QueueTarget, now: Now) -> Result<QueueStats, StoreError> {
+        let fut = self.inner.stats(target, now);
+        self.run(Class::Stats, "stats", fut).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.run(Class::Background, "ping", self.inner.ping()).await
+    }
+
+    fn started(&self) -> bool {
+        self.inner.started()
+    }
+
+    async fn active_targets(&self, now: Now) -> Result<Vec<QueueTarget>, StoreError> {
+        let fut = self.inner.active_targets(now);
+        self.run(Class::Background, "pump", fut).await
+    }
+
+    async fn try_lock(
+        &self,
+        target: QueueTarget,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let fut = self.inner.try_lock(target, owner, ttl);
+        self.run(Class::Background, "pump", fut).await
+    }
+
+    async fn unlock(&self, target: QueueTarget, owner: &str) -> Result<(), StoreError> {
+        let fut = self.inner.unlock(target, owner);
+        self.run(Class::Background, "pump", fut).await
+    }
+
+    async fn advance(
+        &self,
+        target: QueueTarget,
+        batch: u32,
+        min_interval: Duration,
+        now: Now,
+    ) -> Result<Advance, StoreError> {
+        let fut = self.inner.advance(target, batch, min_interval, now);
+        self.run(Class::Background, "pump", fut).await
+    }
+
+    async fn sweep(
+        &self,
+        target: QueueTarget,
+        cutoff_ms: u64,
+        max: u32,
+        now: Now,
+    ) -> Result<u64, StoreError> {
+        let fut = self.inner.sweep(target, cutoff_ms, max, now);
+        self.run(Class::Background, "pump", fut).await
+    }
+
+    async fn claim(
+        &self,
+        target: QueueTarget,
+        token_id: &str,
+        ttl: Duration,
+        now: Now,
+    ) -> Result<bool, StoreError> {
+        let fut = self.inner.claim(target, token_id, ttl, now);
+        self.run(Class::Request, "claim", fut).await
+    }
+
+    async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError> {
+        let fut = self.inner.release(target, token_id);
+        self.run(Class::Request, "release", fut).await
+    }
+
+    async fn register_instance(
+        &self,
+        instance: &str,
+        window: Duration,
+        now: Now,
+    ) -> Result<u32, StoreError> {
+        let fut = self.inner.register_instance(instance, window, now);
+        self.run(Class::Background, "pump", fut).await
+    }
+
+    async fn reconnect(&self) {
+        self.inner.reconnect().await
+    }
+}

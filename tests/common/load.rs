@@ -1,0 +1,269 @@
+//! A closed-loop load generator for fault tests: worker threads that keep a set of users of one
+//! sale entering, polling and buying (once, with their token) as fast as the gateways answer,
+//! round-robin over the gateways, plus drive-by enters of fresh users on a second target. Every
+//! answer is recorded with its wall-clock times, so a test can line answers up with the pump's
+//! epoch-aligned ticks and with the purchases the backend saw.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::Client;
+
+pub fn epoch_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[derive(Debug, Clone)]
+pub struct LoadConfig {
+    pub gateways: Vec<SocketAddr>,
+    pub threads: usize,
+    /// Users of the sale each thread keeps going at once (each is polled every few requests).
+    pub active_per_thread: usize,
+    /// Every `drive_by_every`-th request enters a fresh user of `/virtual-queues/limited-drop/43`
+    /// who never comes back (0: none).
+    pub drive_by_every: u64,
+    /// Spreads user ids between runs that share a Redis.
+    pub user_base: u64,
+}
+
+impl LoadConfig {
+    pub fn new(gateways: Vec<SocketAddr>) -> LoadConfig {
+        LoadConfig {
+            gateways,
+            threads: 6,
+            active_per_thread: 20,
+            drive_by_every: 4,
+            user_base: 1_000_000,
+        }
+    }
+}
+
+pub const SALE: &str = "/virtual-queues/limited-drop/42";
+pub const DRIVE_BY: &str = "/virtual-queues/limited-drop/43";
+pub const PURCHASE: &str = "/limited-drops/42/orders";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Enter,
+    Poll,
+    Purchase,
+    DriveBy,
+}
+
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub op: Op,
+    pub gateway: usize,
+    pub start_ms: u64,
+    pub end_ms: u64,
+    /// 0: the connection failed (refused, reset) before an answer.
+    pub status: u16,
+    /// Answered without the store (`"degraded": true`).
+    pub degraded: bool,
+    /// `DIRECT_ADMITTED`.
+    pub direct: bool,
+    /// A poll answered 404 for a user who held a position in the queue.
+    pub lost: bool,
+}
+
+struct User {
+    id: u64,
+    entered: bool,
+    seq: Option<u64>,
+    token: Option<String>,
+}
+
+pub struct Load {
+    stop: Arc<AtomicBool>,
+    handles: Vec<JoinHandle<Vec<Event>>>,
+}
+
+impl Load {
+    pub fn start(cfg: LoadConfig) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let handles = (0..cfg.threads)
+            .map(|t| {
+                let cfg = cfg.clone();
+                let stop = stop.clone();
+                std::thread::spawn(move || worker(&cfg, t as u64, &stop))
+            })
+            .collect();
+        Load { stop, handles }
+    }
+
+    /// Stops the workers and returns every answer they saw, in no particular order.
+    pub fn stop(self) -> Vec<Event> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    }
+}
+
+fn worker(cfg: &LoadConfig, thread: u64, stop: &AtomicBool) -> Vec<Event> {
+    let mut clients: Vec<Client> = cfg.gateways.iter().map(|a| Client::connect(*a)).collect();
+    let mut events = Vec::new();
+    let mut users: VecDeque<User> = VecDeque::new();
+    let mut next_id = cfg.user_base + thread * 10_000_000;
+    let mut i: u64 = thread;
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        let g = (i as usize) % clients.len();
+        if cfg.drive_by_every > 0 && i % cfg.drive_by_every == 0 {
+            next_id += 1;
+            let id = next_id.to_string();
+            let start_ms = epoch_ms();
+            let r = clients[g].request(
+                "POST",
+                &format!("{DRIVE_BY}/entries"),
+                &[("X-User-Id", &id)],
+                b"",
+            );
+            let mut e = event(Op::DriveBy, g, start_ms);
+            record(&mut e, &r);
+            if r.is_err() {
+                clients[g] = Client::connect(cfg.gateways[g]);
+            }
+            events.push(e);
+            continue;
+        }
+        let mut user = if users.len() < cfg.active_per_thread {
+            next_id += 1;
+            User {
+                id: next_id,
+                entered: false,
+                seq: None,
+                token: None,
+            }
+        } else {
+            users.pop_front().unwrap()
+        };
+        let id = user.id.to_string();
+        let start_ms = epoch_ms();
+        let (op, r) = if let Some(token) = &user.token {
+            let r = clients[g].request(
+                "POST",
+                PURCHASE,
+                &[("X-User-Id", &id), ("X-Entry-Token", token)],
+                b"{}",
+            );
+            (Op::Purchase, r)
+        } else if !user.entered {
+            let r = clients[g].request(
+                "POST",
+                &format!("{SALE}/entries"),
+                &[("X-User-Id", &id)],
+                b"",
+            );
+            (Op::Enter, r)
+        } else {
+            let r = clients[g].request(
+                "GET",
+                &format!("{SALE}/entries/me"),
+                &[("X-User-Id", &id)],
+                b"",
+            );
+            (Op::Poll, r)
+        };
+        let mut e = event(op, g, start_ms);
+        record(&mut e, &r);
+        let mut done = false;
+        match &r {
+            Err(_) => {
+                clients[g] = Client::connect(cfg.gateways[g]);
+                // A replica that is down refuses at once; do not spin on it.
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Ok(resp) if op == Op::Purchase => {
+                let _ = resp;
+                done = true;
+            }
+            Ok(resp) if resp.status == 200 => {
+                let v = resp.json();
+                match v["status"].as_str() {
+                    Some("WAITING") => {
+                        user.entered = true;
+                        if let Some(seq) = v["position"].as_u64() {
+                            user.seq = Some(seq);
+                        }
+                    }
+                    Some("ADMITTED" | "DIRECT_ADMITTED") => {
+                        user.token = v["entryToken"].as_str().map(String::from);
+                    }
+                    other => panic!("unexpected status {other:?}"),
+                }
+            }
+            Ok(resp) if resp.status == 404 && op == Op::Poll => {
+                e.lost = user.seq.is_some();
+                user.entered = false;
+                user.seq = None;
+            }
+            Ok(_) => {}
+        }
+        events.push(e);
+        if !done {
+            users.push_back(user);
+        }
+    }
+    events
+}
+
+fn event(op: Op, gateway: usize, start_ms: u64) -> Event {
+    Event {
+        op,
+        gateway,
+        start_ms,
+        end_ms: 0,
+        status: 0,
+        degraded: false,
+        direct: false,
+        lost: false,
+    }
+}
+
+fn record(e: &mut Event, r: &std::io::Result<super::Response>) {
+    e.end_ms = epoch_ms();
+    if let Ok(resp) = r {
+        e.status = resp.status;
+        if resp.status == 200 && e.op != Op::Purchase {
+            let v = resp.json();
+            e.degraded = v["degraded"] == true;
+            e.direct = v["status"] == "DIRECT_ADMITTED";
+        }
+    }
+}
+
+/// The largest count in any `n` consecutive ticks, for each `n` in `1..=max_n`, of the given
+/// epoch-ms times.
+pub fn max_per_window(times: &[u64], tick_ms: u64, max_n: usize) -> Vec<usize> {
+    let mut per_tick = std::collections::BTreeMap::<u64, usize>::new();
+    for t in times {
+        *per_tick.entry(t / tick_ms).or_default() += 1;
+    }
+    let (Some(first), Some(last)) = (
+        per_tick.keys().next().copied(),
+        per_tick.keys().last().copied(),
+    ) else {
+        return vec![0; max_n];
+    };
+    let counts: Vec<usize> = (first..=last)
+        .map(|k| per_tick.get(&k).copied().unwrap_or(0))
+        .collect();
+    (1..=max_n)
+        .map(|n| {
+            counts
+                .windows(n.min(counts.len()))
+                .map(|w| w.iter().sum())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect()
+}
