@@ -244,8 +244,15 @@ fn out_of_memory_under_load_refuses_new_users_and_keeps_the_queue_moving() {
         .trim()
         .parse()
         .unwrap();
+    // A little room left: the drive-by enters fill it within a second or so.
     s.redis
-        .cmd(&["CONFIG", "SET", "maxmemory", &(used / 2).to_string()]);
+        .cmd(&["CONFIG", "SET", "maxmemory", &(used + 100_000).to_string()]);
+    assert!(
+        wait_until(Duration::from_secs(10), || s.gws[0].metrics().contains(
+            "virtual_queue_store_refused_total{op=\"enter\",reason=\"oom\"}"
+        )),
+        "enters never filled Redis"
+    );
     let full_from = epoch_ms();
     let purchases_before = s.purchases_ms().len();
     run_for(3000);
