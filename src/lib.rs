@@ -7,9 +7,13 @@
 //! - `server`   — builds the Pingora server: ports, upstream, store, services.
 //! - `gateway`  — the public listener (`ProxyHttp`): `path` (strict canonicalisation),
 //!   `route` (classification), `api` (queue handlers), `gate` (entry-token check on purchase
-//!   routes), `admin` (health, readiness, metrics).
+//!   routes), `stats` (the per-replica stats cache), `admin` (health, readiness, metrics).
 //! - `queue`    — pure domain: targets, positions, ETA, response JSON.
-//! - `store`    — `QueueStore` trait; `RedisStore` (Lua in `lua/`) and `MemoryStore`.
+//! - `store`    — `QueueStore` trait; `RedisStore` (Lua in `lua/`) and `MemoryStore`, both behind
+//!   `StoreGuard` (deadlines, per-class in-flight limits, circuit breaker, health), which every
+//!   caller goes through.
+//! - `failopen` — what a replica does while its store cannot be used: the mode, the paced budget,
+//!   the local single-use claims. No I/O.
 //! - `token`    — entry token mint/verify (HMAC-SHA256, SPEC §6). No I/O.
 //! - `flag`     — queue flag and rollout bucket evaluation (SPEC §7). No I/O.
 //! - `pump`     — admission pump background service: lock, advance, sweep (SPEC §5).
@@ -20,7 +24,8 @@
 //! # A request's path
 //! nginx-lb → Pingora listener → `Gateway::request_filter`: non-websocket upgrades are refused,
 //! the path is canonicalised once (ambiguous spellings → 400) and classified.
-//! `/virtual-queues/**` is answered locally by `api::handle` over the `QueueStore`. A path with
+//! `/virtual-queues/**` is answered locally by `api::handle` over the guarded store (a failed
+//! call is answered per `fail_open.mode`). A path with
 //! a gated route's shape goes through `gate::check` (token, user, single-use claim) and reaches
 //! the backend under its canonical path without the token; everything else goes to
 //! `upstream_peer` (the backend, resolved once) unchanged. `logging` records one line and the
