@@ -56,6 +56,22 @@ pub struct ConfigFile {
     pub flag: FlagSection,
     pub fail_open: FailOpenSection,
     pub gate: GateSection,
+    pub upgrade: UpgradeSection,
+}
+
+/// Paths on which a protocol upgrade (websocket) may reach the backend. None by default: after a
+/// `101` the connection is an opaque tunnel the gate can no longer inspect.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpgradeSection {
+    pub paths: Vec<UpgradePathEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpgradePathEntry {
+    /// A canonical path prefix, e.g. `/ws/` (matched on whole segments, without case).
+    pub prefix: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -192,6 +208,9 @@ pub struct TokenSection {
     pub previous_secret_env: String,
     pub ttl_s: u64,
     pub single_use: bool,
+    /// Backend statuses that mean "not processed": only these give a single-use claim back so
+    /// the user may retry. Never 2xx or 3xx (a 303 after an order is a completed order).
+    pub release_on: Vec<u16>,
 }
 
 impl Default for TokenSection {
@@ -201,6 +220,7 @@ impl Default for TokenSection {
             previous_secret_env: "VQ_TOKEN_SECRET_PREVIOUS".into(),
             ttl_s: 300,
             single_use: true,
+            release_on: vec![408, 425, 429, 503],
         }
     }
 }
@@ -312,9 +332,13 @@ pub struct Config {
     pub previous_secret_env: String,
     pub token_ttl: Duration,
     pub single_use: bool,
+    /// Backend statuses that give a single-use claim back.
+    pub release_on: Vec<u16>,
     pub flag_enabled: bool,
     pub rollout_percent: u8,
     pub gate_routes: Vec<GateRoute>,
+    /// Canonical path prefixes (lower-case segments) on which websocket upgrades are allowed.
+    pub upgrade_prefixes: Vec<Vec<String>>,
 }
 
 impl Config {
@@ -457,6 +481,36 @@ impl Config {
             gate_routes.push(gate_route(i, r)?);
         }
 
+        let mut release_on = Vec::with_capacity(t.release_on.len());
+        for (i, code) in t.release_on.iter().enumerate() {
+            if !(400..=599).contains(code) {
+                return Err(invalid(
+                    &format!("token.release_on[{i}]"),
+                    format!("{code} is not a 4xx or 5xx status (a 2xx or 3xx answer means the purchase went through)"),
+                ));
+            }
+            release_on.push(*code);
+        }
+
+        let mut upgrade_prefixes = Vec::with_capacity(f.upgrade.paths.len());
+        for (i, p) in f.upgrade.paths.iter().enumerate() {
+            let key = format!("upgrade.paths[{i}].prefix");
+            let canonical = crate::gateway::path::canonicalize(p.prefix.as_bytes())
+                .map_err(|e| invalid(&key, format!("`{}`: {e}", p.prefix)))?;
+            if canonical.segments.is_empty() {
+                return Err(invalid(&key, "must name at least one path segment"));
+            }
+            let segments: Vec<String> = canonical
+                .segments
+                .iter()
+                .map(|s| s.to_ascii_lowercase())
+                .collect();
+            if segments[0] == crate::gateway::route::API_PREFIX {
+                return Err(invalid(&key, "the queue API never upgrades"));
+            }
+            upgrade_prefixes.push(segments);
+        }
+
         Ok(Config {
             listen,
             admin_listen,
@@ -485,9 +539,11 @@ impl Config {
             previous_secret_env: t.previous_secret_env.clone(),
             token_ttl,
             single_use: t.single_use,
+            release_on,
             flag_enabled: f.flag.enabled,
             rollout_percent,
             gate_routes,
+            upgrade_prefixes,
         })
     }
 

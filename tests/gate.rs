@@ -376,15 +376,15 @@ fn single_use_and_release_when_the_backend_refuses() {
     let (gw, up) = env(|_| {});
     let mut c = gw.client();
     let token = valid(1001);
-    // The backend refuses (sold out, conflict): the claim is given back and the user can retry.
+    // The backend did not process it (overloaded): the claim is given back and the user can retry.
     let r = buy(
         &mut c,
         ORDERS,
         "1001",
         Some(&token),
-        &[("x-upstream-status", "409")],
+        &[("x-upstream-status", "503")],
     );
-    assert_eq!(r.status, 409);
+    assert_eq!(r.status, 503);
     let r = buy(&mut c, ORDERS, "1001", Some(&token), &[]);
     assert_eq!(r.status, 200);
     // Used once successfully: a replay is refused.
@@ -590,4 +590,246 @@ fn the_gate_skips_users_the_flag_leaves_out() {
     let (gw, up) = env(|c| c.flag.enabled = false);
     assert_eq!(buy(&mut gw.client(), ORDERS, "77", None, &[]).status, 200);
     assert_eq!(up.count(), 1);
+}
+
+#[test]
+fn spent_means_spent_for_every_answer_but_not_processed() {
+    let (gw, up) = env(|_| {});
+    let mut sent = 0;
+    // A completed order may answer 2xx, a redirect (Post/Redirect/Get) or fail after committing.
+    for (i, status) in ["200", "201", "204", "302", "303", "409", "500"]
+        .iter()
+        .enumerate()
+    {
+        let user = (2000 + i).to_string();
+        let token = valid(2000 + i as u64);
+        let r = buy(
+            &mut gw.client(),
+            ORDERS,
+            &user,
+            Some(&token),
+            &[("x-upstream-status", status)],
+        );
+        assert_eq!(r.status.to_string(), *status);
+        sent += 1;
+        for _ in 0..3 {
+            let r = buy(&mut gw.client(), ORDERS, &user, Some(&token), &[]);
+            assert_denied(&r, 403, "QUEUE_BYPASS_DENIED");
+        }
+    }
+    // Only "not processed" (408, 425, 429, 503 by default) gives the token back.
+    for (i, status) in ["408", "425", "429", "503"].iter().enumerate() {
+        let user = (3000 + i).to_string();
+        let token = valid(3000 + i as u64);
+        let r = buy(
+            &mut gw.client(),
+            ORDERS,
+            &user,
+            Some(&token),
+            &[("x-upstream-status", status)],
+        );
+        assert_eq!(r.status.to_string(), *status);
+        let r = buy(&mut gw.client(), ORDERS, &user, Some(&token), &[]);
+        assert_eq!(r.status, 200, "after {status}");
+        sent += 2;
+    }
+    assert_eq!(up.count(), sent);
+}
+
+#[test]
+fn fifty_concurrent_uses_after_a_redirect_let_none_through_again() {
+    let (gw, up) = env(|_| {});
+    let token = valid(4242);
+    let r = buy(
+        &mut gw.client(),
+        ORDERS,
+        "4242",
+        Some(&token),
+        &[("x-upstream-status", "303")],
+    );
+    assert_eq!(r.status, 303);
+    let handles: Vec<_> = (0..50)
+        .map(|_| {
+            let addr = gw.listen;
+            let token = token.clone();
+            std::thread::spawn(move || {
+                buy(
+                    &mut Client::connect(addr),
+                    ORDERS,
+                    "4242",
+                    Some(&token),
+                    &[],
+                )
+                .status
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), 403);
+    }
+    assert_eq!(up.count(), 1);
+}
+
+#[test]
+fn release_on_is_validated() {
+    let (code, _, err) = run_bin(
+        &[
+            "check-config",
+            "--config",
+            &write_config("[token]\nrelease_on = [503, 303]\n"),
+        ],
+        &[],
+        std::time::Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(64));
+    assert!(err.contains("token.release_on[1]"), "{err}");
+}
+
+fn write_config(text: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("vq-gate-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{}.toml", text.len()));
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn upgrades_only_on_configured_websocket_paths() {
+    let ws = [
+        ("Upgrade", "websocket"),
+        ("Connection", "Upgrade"),
+        ("Sec-WebSocket-Version", "13"),
+        ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+    ];
+    // Default: no upgrade anywhere.
+    let (gw, up) = env(|_| {});
+    for path in ["/", "/ws/chat", "/products/1"] {
+        let r = gw.client().request("GET", path, &ws, b"").unwrap();
+        assert_denied(&r, 400, "BAD_REQUEST");
+    }
+    let r = gw
+        .client()
+        .request("GET", "/x", &[("Connection", "keep-alive, upgrade")], b"")
+        .unwrap();
+    assert_denied(&r, 400, "BAD_REQUEST");
+    assert_eq!(up.count(), 0);
+    // Configured: websocket under the prefix reaches the backend; never a gated route or h2c.
+    let (gw, up) = env(|c| {
+        c.upgrade.paths = vec![vq_gateway::config::UpgradePathEntry {
+            prefix: "/ws".into(),
+        }];
+    });
+    let r = gw.client().request("GET", "/ws/chat", &ws, b"").unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(up.count(), 1);
+    let r = gw
+        .client()
+        .request(
+            "GET",
+            "/ws/chat",
+            &[("Upgrade", "h2c"), ("Connection", "Upgrade")],
+            b"",
+        )
+        .unwrap();
+    assert_denied(&r, 400, "BAD_REQUEST");
+    let mut h = ws.to_vec();
+    let token = valid(1001);
+    h.extend([("X-User-Id", "1001"), ("X-Entry-Token", token.as_str())]);
+    let r = gw.client().request("POST", ORDERS, &h, b"{}").unwrap();
+    assert_denied(&r, 400, "BAD_REQUEST");
+    assert_eq!(up.count(), 1);
+}
+
+#[test]
+fn a_backend_that_switches_protocols_unasked_is_cut_off() {
+    let (gw, up) = env(|_| {});
+    let mut c = gw.client();
+    let r = c
+        .request("GET", "/anything", &[("x-upstream-status", "101")], b"")
+        .unwrap();
+    assert_eq!(r.status, 502);
+    // Nothing sent afterwards on that connection reaches the backend as a tunnel.
+    let _ = c.request("POST", ORDERS, &[("X-User-Id", "1001")], b"{}");
+    assert_eq!(
+        up.requests().iter().filter(|r| r.method == "POST").count(),
+        0,
+        "a gated POST went through the tunnel"
+    );
+}
+
+#[test]
+fn hop_by_hop_and_length_tricks_are_refused() {
+    let (gw, up) = env(|_| {});
+    let token = valid(7);
+    let mut c = gw.client();
+    let r = c
+        .request(
+            "POST",
+            ORDERS,
+            &[
+                ("X-User-Id", "7"),
+                ("X-Entry-Token", &token),
+                ("Connection", "X-User-Id"),
+            ],
+            b"{}",
+        )
+        .unwrap();
+    assert_denied(&r, 400, "BAD_REQUEST");
+    for cl in [
+        "84, 84",
+        "9223372036854775808",
+        "18446744073709551616",
+        "+2",
+    ] {
+        let raw = format!(
+            "POST /products HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: {cl}\r\n\r\n{{}}"
+        );
+        let r = gw.client().send_raw(raw.as_bytes(), false);
+        if let Ok(r) = r {
+            assert_eq!(r.status, 400, "Content-Length: {cl}");
+        }
+    }
+    let raw = "POST /products HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}";
+    if let Ok(r) = gw.client().send_raw(raw.as_bytes(), false) {
+        assert_eq!(r.status, 400);
+    }
+    assert_eq!(up.count(), 0, "{:?}", up.requests());
+    // The token was never consumed by the refused requests.
+    let r = buy(&mut gw.client(), ORDERS, "7", Some(&token), &[]);
+    assert_eq!(r.status, 200);
+}
+
+#[test]
+fn lookalike_routes_and_lower_case_methods_are_refused() {
+    let (gw, up) = env(|_| {});
+    for path in [
+        "/limited-drops/42/orders.json",
+        "/limited-drops/42/orders.",
+        "/limited-drops/42/orders%2e",
+        "/limited-drops/42/orders%20",
+        "/limited-drops/42/Orders.XML",
+        "/events/7/seats/select.json",
+    ] {
+        for method in ["POST", "PUT", "PATCH", "DELETE"] {
+            let r = gw
+                .client()
+                .request(method, path, &[("X-User-Id", "1")], b"{}")
+                .unwrap();
+            assert_denied(&r, 400, "BAD_REQUEST");
+        }
+    }
+    for method in ["post", "Post", "pOST"] {
+        let raw = format!(
+            "{method} {ORDERS} HTTP/1.1\r\nHost: gateway.test\r\nX-User-Id: 1\r\nContent-Length: 2\r\n\r\n{{}}"
+        );
+        let r = gw.client().send_raw(raw.as_bytes(), false).unwrap();
+        assert_eq!(r.status, 400, "{method}");
+    }
+    assert_eq!(up.count(), 0, "{:?}", up.requests());
+    // Reading a lookalike stays possible (GET is not a purchase).
+    let r = gw
+        .client()
+        .get("/limited-drops/42/orders.json", &[])
+        .unwrap();
+    assert_eq!(r.status, 200);
 }

@@ -80,6 +80,36 @@ pub fn match_route(routes: &[GateRoute], path: &CanonicalPath) -> Option<GatedPa
     })
 }
 
+/// Whether `path` is a gated route's shape with a suffix glued to one of its literal segments
+/// (`orders.json`, `orders.`, `orders%20`, `select;x` is already refused by the canonicaliser):
+/// backends with suffix-pattern matching or segment trimming route these to the gated handler.
+pub fn lookalike(routes: &[GateRoute], path: &CanonicalPath) -> bool {
+    routes.iter().any(|r| {
+        if r.segments.len() != path.segments.len() {
+            return false;
+        }
+        let mut suffixed = false;
+        for (want, got) in r.segments.iter().zip(&path.segments) {
+            let Some(lit) = want else { continue };
+            if lit.eq_ignore_ascii_case(got) {
+                continue;
+            }
+            let glued = got.len() > lit.len()
+                && got.is_char_boundary(lit.len())
+                && got[..lit.len()].eq_ignore_ascii_case(lit)
+                && got[lit.len()..]
+                    .bytes()
+                    .next()
+                    .is_some_and(|b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b'-'));
+            if !glued {
+                return false;
+            }
+            suffixed = true;
+        }
+        suffixed
+    })
+}
+
 /// Digits only (leading zeros allowed and folded), positive, fitting 64 bits.
 fn lenient_id(s: &str) -> Option<u64> {
     if s.is_empty() || s.len() > 64 || !s.bytes().all(|b| b.is_ascii_digit()) {
@@ -308,6 +338,32 @@ mod tests {
             "/x/limited-drops/42/orders",
         ] {
             assert_eq!(m(p), None, "{p}");
+        }
+    }
+
+    #[test]
+    fn lookalikes_of_gated_routes() {
+        let l = |p: &str| lookalike(&routes(), &canonicalize(p.as_bytes()).unwrap());
+        for p in [
+            "/limited-drops/42/orders.json",
+            "/limited-drops/42/orders.",
+            "/limited-drops/42/orders%2e",
+            "/limited-drops/42/orders%20",
+            "/limited-drops/42/ORDERS.xml",
+            "/limited-drops.json/42/orders",
+            "/events/7/seats/select.json",
+            "/events/7/seats~/select",
+        ] {
+            assert!(l(p), "{p}");
+        }
+        for p in [
+            "/limited-drops/42/orders",
+            "/limited-drops/42/orders-history",
+            "/limited-drops/42/ordersx",
+            "/limited-drops/42/orders/x",
+            "/events/7/seats/selection",
+        ] {
+            assert!(!l(p), "{p}");
         }
     }
 

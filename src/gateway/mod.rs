@@ -17,6 +17,7 @@
 pub mod admin;
 pub mod api;
 pub mod gate;
+pub mod hygiene;
 pub mod path;
 pub mod route;
 pub mod stats;
@@ -115,6 +116,8 @@ pub struct RequestCtx {
     /// Whether the request header was handed to the backend (after which a lost answer keeps the
     /// claim: the backend may have acted on it).
     sent_upstream: bool,
+    /// Whether this request may switch protocols (a configured websocket path).
+    upgrade: bool,
 }
 
 pub struct Gateway {
@@ -124,6 +127,24 @@ pub struct Gateway {
 impl Gateway {
     pub fn new(state: Arc<AppState>) -> Gateway {
         Gateway { state }
+    }
+
+    /// Answers a request refused by the hygiene checks (400), counting it as a bypass attempt
+    /// when it concerned a gated route's shape.
+    async fn reject(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        r: hygiene::Refusal,
+    ) -> Result<bool> {
+        ctx.class = RouteClass::Rejected;
+        self.state
+            .metrics
+            .bypass
+            .with_label_values(&["any", r.reason])
+            .inc();
+        tracing::info!(reason = r.reason, "request refused");
+        answer_locally(session, &Reply::error(&ApiError::BadRequest(r.detail))).await
     }
 
     /// Runs the gate on a request whose path has a gated route's shape. `Some(reply)` refuses it.
@@ -210,18 +231,6 @@ async fn answer_locally(session: &mut Session, reply: &Reply) -> Result<bool> {
     Ok(true)
 }
 
-/// `Upgrade` switches the connection to another protocol that the gateway cannot inspect. h2c
-/// would carry HTTP/2 requests past the gate, so only websocket (opaque to the backend's routes)
-/// is let through.
-fn upgrade_allowed(headers: &http::HeaderMap) -> bool {
-    headers.get_all(http::header::UPGRADE).iter().all(|v| {
-        v.to_str().is_ok_and(|s| {
-            s.split(',')
-                .all(|p| p.trim().eq_ignore_ascii_case("websocket"))
-        })
-    })
-}
-
 fn is_absolute_form(raw: &[u8]) -> bool {
     [&b"http://"[..], b"https://"]
         .iter()
@@ -259,6 +268,7 @@ impl ProxyHttp for Gateway {
             forward_path: None,
             claim: None,
             sent_upstream: false,
+            upgrade: false,
         }
     }
 
@@ -273,10 +283,8 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        if !upgrade_allowed(&session.req_header().headers) {
-            ctx.class = RouteClass::Rejected;
-            let e = ApiError::BadRequest("only websocket upgrades are allowed");
-            return answer_locally(session, &Reply::error(&e)).await;
+        if let Err(r) = hygiene::check_headers(&session.req_header().headers) {
+            return self.reject(session, ctx, r).await;
         }
         let raw = session.req_header().raw_path();
         let absolute_form = is_absolute_form(raw);
@@ -303,7 +311,40 @@ impl ProxyHttp for Gateway {
             return answer_locally(session, &reply).await;
         }
         ctx.class = RouteClass::Proxy;
-        if let Some(g) = gate::match_route(&self.state.config.gate_routes, &canonical) {
+        let config = &self.state.config;
+        let method = session.req_header().method.clone();
+        let gated = gate::match_route(&config.gate_routes, &canonical);
+        if gated.is_some() && !hygiene::upper_case_method(&method) {
+            let r = hygiene::Refusal {
+                reason: "method_case",
+                detail: "the method on this route must be an upper-case token",
+            };
+            return self.reject(session, ctx, r).await;
+        }
+        if gated.is_none()
+            && hygiene::unsafe_method(&method)
+            && gate::lookalike(&config.gate_routes, &canonical)
+        {
+            let r = hygiene::Refusal {
+                reason: "lookalike_route",
+                detail: "this path is too close to a purchase route",
+            };
+            return self.reject(session, ctx, r).await;
+        }
+        if hygiene::wants_upgrade(&session.req_header().headers) {
+            let allowed = gated.is_none()
+                && hygiene::websocket_only(&session.req_header().headers)
+                && hygiene::under_prefix(&config.upgrade_prefixes, &canonical.segments);
+            if !allowed {
+                let r = hygiene::Refusal {
+                    reason: "upgrade",
+                    detail: "protocol upgrades are only allowed on configured websocket paths",
+                };
+                return self.reject(session, ctx, r).await;
+            }
+            ctx.upgrade = true;
+        }
+        if let Some(g) = gated {
             if let Some(reply) = self.gate(session, ctx, &g).await {
                 return answer_locally(session, &reply).await;
             }
@@ -342,8 +383,18 @@ impl ProxyHttp for Gateway {
         upstream: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        // 1xx (100 Continue) is not the answer; only a final refusal gives the claim back.
-        if upstream.status.as_u16() >= 300 {
+        let status = upstream.status.as_u16();
+        if status == 101 && !ctx.upgrade {
+            // The backend switched protocols on a request that did not ask to: what follows on
+            // this connection would reach it without passing the gate.
+            return Err(Error::explain(
+                ErrorType::InvalidHTTPHeader,
+                "backend switched protocols without an allowed upgrade",
+            ));
+        }
+        // Only statuses that mean "not processed" give the claim back; 1xx (100 Continue) is not
+        // an answer, and 2xx, 3xx and other errors may follow a completed purchase.
+        if self.state.config.release_on.contains(&status) {
             self.release_claim(ctx).await;
         }
         Ok(())
@@ -465,18 +516,6 @@ fn status_label(status: u16) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_websocket_upgrades() {
-        let mut h = http::HeaderMap::new();
-        assert!(upgrade_allowed(&h));
-        h.insert(http::header::UPGRADE, "WebSocket".parse().unwrap());
-        assert!(upgrade_allowed(&h));
-        h.insert(http::header::UPGRADE, "h2c".parse().unwrap());
-        assert!(!upgrade_allowed(&h));
-        h.insert(http::header::UPGRADE, "websocket, h2c".parse().unwrap());
-        assert!(!upgrade_allowed(&h));
-    }
 
     #[test]
     fn target_path_strips_authority_and_query() {

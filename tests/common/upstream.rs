@@ -124,9 +124,20 @@ fn serve(conn: TcpStream, requests: Arc<Mutex<Vec<Recorded>>>) {
         let close = req
             .header("connection")
             .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        // 204 and 304 carry no body; 101 switches the connection (the recorder then keeps
+        // reading requests from it, as a backend that mis-handles an upgrade would).
+        let body = if matches!(status, 101 | 204 | 304) {
+            String::new()
+        } else {
+            body
+        };
+        let framing = match status {
+            101 => "Upgrade: websocket\r\nConnection: Upgrade\r\n".to_string(),
+            204 | 304 => String::new(),
+            _ => format!("Content-Length: {}\r\n", body.len()),
+        };
         let resp = format!(
-            "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nX-Upstream: recorder\r\nContent-Length: {}\r\n{}\r\n{body}",
-            body.len(),
+            "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nX-Upstream: recorder\r\n{framing}{}\r\n{body}",
             if close { "Connection: close\r\n" } else { "" }
         );
         if reader.get_mut().write_all(resp.as_bytes()).is_err() || close {
