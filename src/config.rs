@@ -89,6 +89,14 @@ pub struct ServerSection {
     pub grace_period_s: u64,
     /// `text` (human) or `json` (one object per line).
     pub log_format: String,
+    /// Connections served at once; one beyond is closed at once.
+    pub max_connections: u64,
+    /// A new connection must send its first byte within this, ms.
+    pub first_byte_timeout_ms: u64,
+    /// Request line plus headers, bytes; larger requests get 431.
+    pub max_header_bytes: u64,
+    /// Header fields per request; more get 431.
+    pub max_headers: u64,
 }
 
 impl Default for ServerSection {
@@ -100,6 +108,10 @@ impl Default for ServerSection {
             keepalive_idle_s: 60,
             grace_period_s: 5,
             log_format: "text".into(),
+            max_connections: 10_000,
+            first_byte_timeout_ms: 10_000,
+            max_header_bytes: 32 * 1024,
+            max_headers: 100,
         }
     }
 }
@@ -310,6 +322,10 @@ pub struct Config {
     pub keepalive_idle: Duration,
     pub grace_period: Duration,
     pub log_format: LogFormat,
+    pub max_connections: usize,
+    pub first_byte_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
     /// `host:port` as configured; resolved once when the server is built.
     pub upstream: String,
     pub upstream_connect_timeout: Duration,
@@ -380,6 +396,19 @@ impl Config {
                 ))
             }
         };
+
+        let max_connections =
+            in_range("server.max_connections", s.max_connections, 1, 1_000_000)? as usize;
+        let first_byte_timeout = millis(
+            "server.first_byte_timeout_ms",
+            s.first_byte_timeout_ms,
+            1,
+            3_600_000,
+        )?;
+        // Pingora itself reads at most 1 MiB of header and 256 fields.
+        let max_header_bytes =
+            in_range("server.max_header_bytes", s.max_header_bytes, 1024, 1_048_575)? as usize;
+        let max_headers = in_range("server.max_headers", s.max_headers, 8, 256)? as usize;
 
         let u = &f.upstream;
         let upstream = host_port("upstream.address", &u.address)?;
@@ -518,6 +547,10 @@ impl Config {
             keepalive_idle,
             grace_period,
             log_format,
+            max_connections,
+            first_byte_timeout,
+            max_header_bytes,
+            max_headers,
             upstream,
             upstream_connect_timeout,
             upstream_read_timeout,

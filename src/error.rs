@@ -16,6 +16,8 @@ pub enum ApiError {
     UnknownTargetType,
     #[error("method not allowed here")]
     MethodNotAllowed,
+    #[error("the request headers are too large or too many")]
+    HeadersTooLarge,
     #[error("the queue is full, please try again shortly")]
     QueueFull,
     #[error("too many queues are open right now, please try again shortly")]
@@ -43,6 +45,7 @@ impl ApiError {
             ApiError::BypassDenied(_) => 403,
             ApiError::NotInQueue | ApiError::UnknownTargetType => 404,
             ApiError::MethodNotAllowed => 405,
+            ApiError::HeadersTooLarge => 431,
             ApiError::QueueFull | ApiError::TooManyQueues | ApiError::StoreFull => 429,
             ApiError::UpstreamUnavailable => 502,
             ApiError::QueueUnavailable => 503,
@@ -57,6 +60,7 @@ impl ApiError {
             ApiError::NotInQueue => "NOT_IN_QUEUE",
             ApiError::UnknownTargetType => "UNKNOWN_TARGET_TYPE",
             ApiError::MethodNotAllowed => "METHOD_NOT_ALLOWED",
+            ApiError::HeadersTooLarge => "HEADERS_TOO_LARGE",
             ApiError::QueueFull | ApiError::TooManyQueues | ApiError::StoreFull => "QUEUE_FULL",
             ApiError::QueueUnavailable => "QUEUE_UNAVAILABLE",
             ApiError::UpstreamUnavailable => "UPSTREAM_UNAVAILABLE",

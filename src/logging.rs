@@ -6,8 +6,28 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
+/// Libraries whose debug and trace records print whole requests or Redis commands (headers with
+/// `Authorization`, `Cookie`, `X-User-Id`, entry tokens): capped at `info` whatever `RUST_LOG`
+/// asks, so no log level ever carries a credential.
+const CAPPED: [&str; 9] = [
+    "pingora",
+    "pingora_core",
+    "pingora_proxy",
+    "pingora_http",
+    "pingora_pool",
+    "pingora_error",
+    "pingora_timeout",
+    "pingora_runtime",
+    "fred",
+];
+
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    for target in CAPPED {
+        if let Ok(d) = format!("{target}=info").parse() {
+            filter = filter.add_directive(d);
+        }
+    }
     // Colours only on a terminal: log files and collectors get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()

@@ -60,6 +60,10 @@ pub struct Metrics {
     pub replicas: IntGauge,
     /// `virtual_queue_store_calls_total{op}`: store operations attempted, by operation.
     pub store_calls: IntCounterVec,
+    /// `vq_gateway_connections`: public connections being served.
+    pub connections: IntGauge,
+    /// `vq_gateway_connections_refused_total{reason}`: `max_connections`, `first_byte_timeout`.
+    pub refused_connections: IntCounterVec,
     pub targets: std::sync::Arc<TargetLabels>,
 }
 
@@ -173,6 +177,19 @@ impl Metrics {
             &["op"],
         )?;
         registry.register(Box::new(store_calls.clone()))?;
+        let connections = IntGauge::new(
+            "vq_gateway_connections",
+            "Public connections being served",
+        )?;
+        let refused_connections = IntCounterVec::new(
+            Opts::new(
+                "vq_gateway_connections_refused_total",
+                "Public connections closed unserved, by reason",
+            ),
+            &["reason"],
+        )?;
+        registry.register(Box::new(connections.clone()))?;
+        registry.register(Box::new(refused_connections.clone()))?;
         registry.register(Box::new(store_degraded.clone()))?;
         registry.register(Box::new(refused.clone()))?;
         registry.register(Box::new(failopen.clone()))?;
@@ -208,6 +225,8 @@ impl Metrics {
             failopen,
             replicas,
             store_calls,
+            connections,
+            refused_connections,
             targets: Default::default(),
         })
     }

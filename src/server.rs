@@ -17,6 +17,7 @@ use pingora::services::ServiceReadyNotifier;
 use crate::config::{Config, StoreBackend};
 use crate::flag::{Flag, FlagState};
 use crate::gateway::admin::AdminApp;
+use crate::gateway::limits::ConnectionLimit;
 use crate::gateway::{AppState, Gateway};
 use crate::metrics::Metrics;
 use crate::store::{MemoryStore, QueueStore, RedisStore};
@@ -276,11 +277,14 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     let admin_listen = config.admin_listen;
     let state = Arc::new(AppState::new(config, upstream, store, keys, flag, metrics));
 
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
-        &server.configuration,
-        Gateway::new(state.clone()),
-        "proxy",
+    let app = pingora::proxy::http_proxy(&server.configuration, Gateway::new(state.clone()));
+    let limited = ConnectionLimit::new(
+        app,
+        state.config.max_connections,
+        state.config.first_byte_timeout,
+        state.metrics.clone(),
     );
+    let mut proxy = Service::new("proxy".to_string(), limited);
     proxy.add_tcp(&listen.to_string());
     let proxy = server.add_service(proxy);
 

@@ -91,6 +91,20 @@ pub fn check_headers(headers: &HeaderMap) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// Whether the request line and headers stay within `max_bytes` and `max_headers` fields.
+pub fn within_limits(req: &pingora::http::RequestHeader, max_bytes: usize, max_headers: usize) -> bool {
+    if req.headers.len() > max_headers {
+        return false;
+    }
+    let line = req.method.as_str().len() + req.raw_path().len() + 12;
+    let fields: usize = req
+        .headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum();
+    line + fields <= max_bytes
+}
+
 /// Whether the request asks to switch protocols.
 pub fn wants_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(http::header::UPGRADE)

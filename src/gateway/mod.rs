@@ -18,6 +18,7 @@ pub mod admin;
 pub mod api;
 pub mod gate;
 pub mod hygiene;
+pub mod limits;
 pub mod path;
 pub mod route;
 pub mod stats;
@@ -283,6 +284,20 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        let c = &self.state.config;
+        if !hygiene::within_limits(session.req_header(), c.max_header_bytes, c.max_headers) {
+            ctx.class = RouteClass::Rejected;
+            self.state
+                .metrics
+                .bypass
+                .with_label_values(&["any", "headers_too_large"])
+                .inc();
+            let reply = Reply::error(&ApiError::HeadersTooLarge);
+            // The body of such a request is not worth reading: answer and close.
+            session.set_keepalive(None);
+            write_reply(session, &reply).await?;
+            return Ok(true);
+        }
         if let Err(r) = hygiene::check_headers(&session.req_header().headers) {
             return self.reject(session, ctx, r).await;
         }

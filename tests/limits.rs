@@ -1,0 +1,147 @@
+//! Limits of the public listener: connections at once, a first-byte deadline, header size and
+//! count, and logs that never carry a credential at any level.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Whether the server closed `s` (EOF or reset) within `timeout`.
+fn closed_within(s: &mut TcpStream, timeout: Duration) -> bool {
+    s.set_read_timeout(Some(timeout)).unwrap();
+    let mut b = [0u8; 1];
+    matches!(s.read(&mut b), Ok(0) | Err(_)) && {
+        // A timeout error is not a close.
+        s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+        !matches!(s.read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut)
+    }
+}
+
+#[test]
+fn connections_beyond_the_limit_are_closed_and_room_comes_back() {
+    let up = Upstream::start();
+    let mut cfg = test_config(up.addr);
+    cfg.server.max_connections = 5;
+    cfg.server.first_byte_timeout_ms = 20_000;
+    let gw = GatewayProc::start(cfg);
+    // Five kept-alive connections, each having served a request.
+    let mut held: Vec<Client> = (0..5)
+        .map(|_| {
+            let mut c = gw.client();
+            assert_eq!(c.get("/a", &[]).unwrap().status, 200);
+            c
+        })
+        .collect();
+    let mut sixth = TcpStream::connect(gw.listen).unwrap();
+    sixth
+        .write_all(b"GET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert!(
+        closed_within(&mut sixth, Duration::from_secs(2)),
+        "the sixth connection was served"
+    );
+    // The five still work (a kept-alive connection is counted once).
+    for c in &mut held {
+        assert_eq!(c.get("/c", &[]).unwrap().status, 200);
+    }
+    drop(held.pop());
+    assert!(wait_until(Duration::from_secs(3), || gw
+        .client()
+        .get("/d", &[])
+        .is_ok_and(|r| r.status == 200)));
+    assert!(gw
+        .metrics()
+        .contains("vq_gateway_connections_refused_total{reason=\"max_connections\"}"));
+    assert!(up.requests().iter().all(|r| r.target != "/b"));
+}
+
+#[test]
+fn a_silent_connection_is_closed_after_the_first_byte_timeout() {
+    let up = Upstream::start();
+    let mut cfg = test_config(up.addr);
+    cfg.server.first_byte_timeout_ms = 300;
+    let gw = GatewayProc::start(cfg);
+    let t = Instant::now();
+    let mut s = TcpStream::connect(gw.listen).unwrap();
+    assert!(closed_within(&mut s, Duration::from_secs(3)));
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(250), "{took:?}");
+    // A kept-alive connection idles for keepalive_idle_s, not the first-byte timeout.
+    let mut c = gw.client();
+    assert_eq!(c.get("/a", &[]).unwrap().status, 200);
+    let port = c.local_port();
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(c.get("/b", &[]).unwrap().status, 200);
+    assert_eq!(c.local_port(), port, "the idle keep-alive connection was closed");
+}
+
+#[test]
+fn oversized_or_too_many_headers_get_431_and_reach_nothing() {
+    let up = Upstream::start();
+    let gw = GatewayProc::start(test_config(up.addr));
+    let big = "a".repeat(40 * 1024);
+    let r = gw.client().get("/x", &[("X-Big", &big)]).unwrap();
+    assert_eq!(r.status, 431);
+    assert_eq!(r.json()["code"], "HEADERS_TOO_LARGE");
+    let names: Vec<String> = (0..120).map(|i| format!("X-H{i}")).collect();
+    let many: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "1")).collect();
+    let r = gw.client().get("/y", &many).unwrap();
+    assert_eq!(r.status, 431);
+    // A megabyte header never reaches the backend either (refused by us or by Pingora).
+    let huge = "b".repeat(1024 * 1024);
+    let _ = gw.client().get("/z", &[("X-Huge", &huge)]);
+    assert_eq!(up.count(), 0, "{:?}", up.requests().len());
+    // Ordinary requests are unaffected.
+    let ok: Vec<(&str, &str)> = names[..40].iter().map(|n| (n.as_str(), "1")).collect();
+    assert_eq!(gw.client().get("/ok", &ok).unwrap().status, 200);
+}
+
+#[test]
+fn no_log_level_carries_a_credential() {
+    let up = Upstream::start();
+    let mut cfg = test_config(up.addr);
+    cfg.flag.enabled = true;
+    let gw = GatewayProc::start_with_env(
+        cfg,
+        &[("VQ_TOKEN_SECRET", TEST_SECRET), ("RUST_LOG", "trace")],
+    );
+    let mut c = gw.client();
+    let r = c
+        .request(
+            "POST",
+            "/virtual-queues/limited-drop/42/entries",
+            &[("X-User-Id", "987654321")],
+            b"",
+        )
+        .unwrap();
+    let token = r.json()["entryToken"].as_str().map(String::from);
+    let mut headers = vec![
+        ("X-User-Id", "987654321"),
+        ("Authorization", "Bearer SECRET-AUTH-VALUE"),
+        ("Cookie", "session=SECRET-COOKIE-VALUE"),
+    ];
+    let t = token.clone().unwrap_or_else(|| "SECRET-TOKEN-VALUE".into());
+    headers.push(("X-Entry-Token", &t));
+    let _ = c.request("POST", "/limited-drops/42/orders", &headers, b"{}");
+    let _ = c.request("GET", "/products", &headers, b"");
+    assert!(wait_until(Duration::from_secs(3), || gw
+        .log()
+        .matches("request")
+        .count()
+        >= 3));
+    let log = gw.log();
+    for secret in [
+        "987654321",
+        "SECRET-AUTH-VALUE",
+        "SECRET-COOKIE-VALUE",
+        t.as_str(),
+        TEST_SECRET,
+    ] {
+        assert!(!log.contains(secret), "{secret} in the log:\n{log}");
+    }
+}
