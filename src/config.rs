@@ -406,8 +406,12 @@ impl Config {
             3_600_000,
         )?;
         // Pingora itself reads at most 1 MiB of header and 256 fields.
-        let max_header_bytes =
-            in_range("server.max_header_bytes", s.max_header_bytes, 1024, 1_048_575)? as usize;
+        let max_header_bytes = in_range(
+            "server.max_header_bytes",
+            s.max_header_bytes,
+            1024,
+            1_048_575,
+        )? as usize;
         let max_headers = in_range("server.max_headers", s.max_headers, 8, 256)? as usize;
 
         let u = &f.upstream;

@@ -3,9 +3,11 @@
 //!
 //! - `Pacer`: in `paced` mode (the default) a replica still enforces the admission budget by
 //!   itself: per target and tick it lets at most `share = ⌈batch_size / replicas⌉` users through
-//!   directly, where `replicas` is the live replica count the pump last read from the instance
-//!   registry (clamped to `[min_replicas, max_replicas]`; `max_replicas` while never learned, so
-//!   a replica that starts during an outage errs on the small side). It admits nobody in a tick
+//!   directly, where `replicas` is the replica count the pump last read from the instance
+//!   registry, counting those seen within the last two minutes (clamped to `[min_replicas,
+//!   max_replicas]`; `max_replicas` while never learned, so a replica that starts during an outage
+//!   errs on the small side). A replica that stopped registering without a clean shutdown may be
+//!   pacing on its own, cut off from Redis: the pump lowers its batch by that replica's share. It admits nobody in a tick
 //!   in which the store still answered this replica, so its budget and the pump's do not add up
 //!   in the tick an outage starts. Cluster-wide, a degraded tick admits at most
 //!   `replicas × share ≤ batch_size + replicas − 1` users.
@@ -64,13 +66,23 @@ pub struct Pacer {
     max_replicas: u32,
     /// The live replica count last read from the registry; 0 while never learned.
     replicas: AtomicU32,
-    budgets: Mutex<HashMap<QueueTarget, Budget>>,
+    budgets: Mutex<Budgets>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Default)]
+struct Budgets {
+    per_target: HashMap<QueueTarget, Budget>,
+    /// Targets the pump last saw with a queue: they always get a budget, however many made-up
+    /// targets clients send during an outage.
+    known: std::collections::HashSet<QueueTarget>,
+}
+
+#[derive(Debug, Clone)]
 struct Budget {
     window: u64,
-    used: u32,
+    /// Users let through in this window (a user who asks again gets through again without
+    /// spending more of the budget: the same user, the same tick, the same token).
+    users: Vec<u64>,
 }
 
 impl Pacer {
@@ -82,7 +94,7 @@ impl Pacer {
             min_replicas,
             max_replicas: max_replicas.max(min_replicas),
             replicas: AtomicU32::new(0),
-            budgets: Mutex::new(HashMap::new()),
+            budgets: Mutex::new(Budgets::default()),
         }
     }
 
@@ -104,32 +116,64 @@ impl Pacer {
         self.batch.div_ceil(self.replicas())
     }
 
+    /// The share a replica that counted `replicas` (clamped like ours) would pace with.
+    pub fn share_of(&self, replicas: u32) -> u32 {
+        self.batch
+            .div_ceil(replicas.clamp(self.min_replicas, self.max_replicas))
+    }
+
     pub fn tick_ms(&self) -> u64 {
         self.tick_ms
     }
 
-    /// Whether one more user of `target` may be let through now. `last_ok_ms` is when the store
-    /// last answered a request-path call of this replica (0: never).
-    pub fn try_admit(&self, target: QueueTarget, now_ms: u64, last_ok_ms: u64) -> bool {
+    /// Records the targets the pump found with a queue (they keep a budget whatever else fills
+    /// the table).
+    pub fn set_known(&self, targets: &[QueueTarget]) {
+        let mut b = self.budgets.lock().unwrap_or_else(|p| p.into_inner());
+        b.known = targets.iter().copied().take(MAX_PACED_TARGETS).collect();
+    }
+
+    /// Whether `user` of `target` may be let through now. `last_ok_ms` is when the store last
+    /// answered this replica (0: never).
+    pub fn try_admit(&self, target: QueueTarget, user: u64, now_ms: u64, last_ok_ms: u64) -> bool {
         let window = now_ms / self.tick_ms;
         if last_ok_ms > 0 && window <= last_ok_ms / self.tick_ms {
             // The store answered in this tick: the pump may have admitted its batch in it.
             return false;
         }
-        let share = self.share();
-        let mut budgets = self.budgets.lock().unwrap_or_else(|p| p.into_inner());
-        if !budgets.contains_key(&target) && budgets.len() >= MAX_PACED_TARGETS {
-            budgets.retain(|_, b| b.window == window);
-            if budgets.len() >= MAX_PACED_TARGETS {
-                return false;
+        let share = self.share() as usize;
+        let mut guard = self.budgets.lock().unwrap_or_else(|p| p.into_inner());
+        let budgets = &mut *guard;
+        let table = &mut budgets.per_target;
+        if !table.contains_key(&target) && table.len() >= MAX_PACED_TARGETS {
+            table.retain(|_, b| b.window == window);
+            if table.len() >= MAX_PACED_TARGETS {
+                if !budgets.known.contains(&target) {
+                    return false;
+                }
+                // A known sale takes the place of a target nobody had a queue for.
+                let stranger = table.keys().find(|t| !budgets.known.contains(t)).copied();
+                match stranger {
+                    Some(s) => {
+                        table.remove(&s);
+                    }
+                    None => return false,
+                }
             }
         }
-        let b = budgets.entry(target).or_insert(Budget { window, used: 0 });
+        let b = table.entry(target).or_insert(Budget {
+            window,
+            users: Vec::new(),
+        });
         if b.window != window {
-            *b = Budget { window, used: 0 };
+            b.window = window;
+            b.users.clear();
         }
-        if b.used < share {
-            b.used += 1;
+        if b.users.contains(&user) {
+            return true;
+        }
+        if b.users.len() < share {
+            b.users.push(user);
             true
         } else {
             false
@@ -158,6 +202,8 @@ struct ClaimsInner {
     claims: HashMap<(QueueTarget, String), u64>,
     /// Claims not yet written to the store.
     pending: Vec<(QueueTarget, String, u64)>,
+    /// When expired claims were last purged (a full table is scanned at most once a second).
+    purged_at: u64,
 }
 
 /// The outcome of a local claim.
@@ -177,8 +223,11 @@ impl LocalClaims {
             return LocalClaim::AlreadyUsed;
         }
         if c.claims.len() >= MAX_LOCAL_CLAIMS {
-            c.claims.retain(|_, exp| *exp > now_s);
-            c.pending.retain(|(_, _, exp)| *exp > now_s);
+            if c.purged_at < now_s {
+                c.purged_at = now_s;
+                c.claims.retain(|_, exp| *exp > now_s);
+                c.pending.retain(|(_, _, exp)| *exp > now_s);
+            }
             if c.claims.len() >= MAX_LOCAL_CLAIMS {
                 return LocalClaim::Full;
             }
@@ -251,35 +300,57 @@ mod tests {
         let p = Pacer::new(1000, 10, 1, 8);
         p.set_replicas(2);
         let now = 50_000;
-        let admitted = (0..100).filter(|_| p.try_admit(t(1), now, 0)).count();
+        let admitted = (0..100u64)
+            .filter(|u| p.try_admit(t(1), *u, now, 0))
+            .count();
         assert_eq!(admitted, 5);
         assert!(
-            p.try_admit(t(2), now + 10, 0),
+            p.try_admit(t(2), 1, now + 10, 0),
             "another target has its own budget"
         );
-        assert!(!p.try_admit(t(1), now + 999, 0));
-        let next = (0..100)
-            .filter(|_| p.try_admit(t(1), now + 1000, 0))
+        assert!(!p.try_admit(t(1), 500, now + 999, 0));
+        assert!(p.try_admit(t(1), 3, now + 999, 0), "an admitted user again");
+        let next = (100..200u64)
+            .filter(|u| p.try_admit(t(1), *u, now + 1000, 0))
             .count();
         assert_eq!(next, 5, "a new tick, a new budget");
+    }
+
+    #[test]
+    fn a_user_asking_again_spends_nothing() {
+        let p = Pacer::new(1000, 2, 1, 1);
+        p.set_replicas(1);
+        for _ in 0..10 {
+            assert!(p.try_admit(t(1), 7, 1_000, 0));
+        }
+        assert!(p.try_admit(t(1), 8, 1_000, 0));
+        assert!(!p.try_admit(t(1), 9, 1_000, 0));
     }
 
     #[test]
     fn nobody_in_a_tick_where_the_store_answered() {
         let p = Pacer::new(1000, 10, 1, 1);
         p.set_replicas(1);
-        assert!(!p.try_admit(t(1), 5_500, 5_100));
-        assert!(p.try_admit(t(1), 6_000, 5_100));
+        assert!(!p.try_admit(t(1), 1, 5_500, 5_100));
+        assert!(p.try_admit(t(1), 1, 6_000, 5_100));
     }
 
     #[test]
-    fn the_target_table_is_bounded() {
+    fn the_target_table_is_bounded_and_known_sales_keep_a_budget() {
         let p = Pacer::new(1000, 10, 1, 1);
-        for id in 1..=MAX_PACED_TARGETS as u64 {
-            assert!(p.try_admit(t(id), 1_000, 0));
+        p.set_known(&[t(1)]);
+        for id in 100..100 + MAX_PACED_TARGETS as u64 {
+            assert!(p.try_admit(t(id), 1, 1_000, 0));
         }
-        assert!(!p.try_admit(t(999_999), 1_500, 0), "full in this tick");
-        assert!(p.try_admit(t(999_999), 2_000, 0), "stale entries make room");
+        assert!(!p.try_admit(t(999_999), 1, 1_500, 0), "full in this tick");
+        assert!(
+            p.try_admit(t(1), 1, 1_500, 0),
+            "a known sale still gets its budget"
+        );
+        assert!(
+            p.try_admit(t(999_999), 1, 2_000, 0),
+            "stale entries make room"
+        );
     }
 
     #[test]

@@ -177,10 +177,8 @@ impl Metrics {
             &["op"],
         )?;
         registry.register(Box::new(store_calls.clone()))?;
-        let connections = IntGauge::new(
-            "vq_gateway_connections",
-            "Public connections being served",
-        )?;
+        let connections =
+            IntGauge::new("vq_gateway_connections", "Public connections being served")?;
         let refused_connections = IntCounterVec::new(
             Opts::new(
                 "vq_gateway_connections_refused_total",

@@ -24,6 +24,10 @@ use crate::store::{AdvanceOutcome, QueueStore};
 /// this (short test ticks would otherwise drop live instances between two ticks).
 const REGISTRY_MIN_WINDOW: Duration = Duration::from_secs(2);
 
+/// An instance that stopped registering without a clean shutdown is assumed to be cut off from
+/// Redis and pacing for this long (the pump lowers its batch by that instance's share meanwhile).
+pub const REGISTRY_RECENT: Duration = Duration::from_secs(120);
+
 /// What one tick did, for tests and logs.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct TickReport {
@@ -65,12 +69,28 @@ impl Pump {
         if !store.started() {
             return report;
         }
-        // The instance registry: how many replicas share the budget if the store fails later.
-        let window = self.state.config.tick.mul_f64(3.0).max(REGISTRY_MIN_WINDOW);
-        if let Ok(n) = store.register_instance(&self.instance, window, now()).await {
-            self.state.pacer.set_replicas(n);
-            self.state.metrics.replicas.set(i64::from(n));
-        }
+        // The instance registry: how many replicas share the budget if the store fails later,
+        // and how many stopped registering without a clean shutdown (they may be cut off from
+        // Redis and pacing their share: the batch is lowered by that much meanwhile).
+        let batch = match store
+            .register_instance(&self.instance, self.live_window(), REGISTRY_RECENT, false)
+            .await
+        {
+            Ok(n) => {
+                // The pacer divides by every replica seen recently: one that died lately makes
+                // each share smaller (fewer admissions), never larger.
+                self.state.pacer.set_replicas(n.recent.max(n.live));
+                self.state.metrics.replicas.set(i64::from(n.live));
+                let missing = n.recent.saturating_sub(n.live);
+                let share = self.state.pacer.share_of(n.recent);
+                self.state
+                    .config
+                    .batch_size
+                    .get()
+                    .saturating_sub(missing.saturating_mul(share))
+            }
+            Err(_) => self.state.config.batch_size.get(),
+        };
         // Failures are counted (and logged once per outage) by the store guard.
         let targets = match store.active_targets(now()).await {
             Ok(t) => t,
@@ -79,10 +99,11 @@ impl Pump {
                 return report;
             }
         };
+        self.state.pacer.set_known(&targets);
         report.targets = targets.len();
         let mut held = BTreeSet::new();
         for target in targets {
-            match self.visit(target, &mut report).await {
+            match self.visit(target, batch, &mut report).await {
                 Ok(true) => {
                     held.insert(target);
                 }
@@ -107,6 +128,7 @@ impl Pump {
     async fn visit(
         &self,
         target: QueueTarget,
+        batch: u32,
         report: &mut TickReport,
     ) -> Result<bool, crate::store::StoreError> {
         let store = &self.state.store;
@@ -118,8 +140,12 @@ impl Pump {
             return Ok(false);
         }
         let label = self.state.metrics.targets.label(target);
+        if batch == 0 {
+            // Every admission of this tick is with replicas that may be pacing on their own.
+            return Ok(true);
+        }
         let mut adv = store
-            .advance(target, cfg.batch_size.get(), self.min_interval(), now())
+            .advance(target, batch, self.min_interval(), now())
             .await?;
         // This tick fired a little earlier after the last advance than the one before it (timer
         // jitter, another instance led last time): wait out the rest of the guard, once, while
@@ -128,7 +154,7 @@ impl Pump {
         if adv.outcome == AdvanceOutcome::Guarded && retry <= cfg.tick / 4 {
             tokio::time::sleep(retry + Duration::from_millis(1)).await;
             adv = store
-                .advance(target, cfg.batch_size.get(), self.min_interval(), now())
+                .advance(target, batch, self.min_interval(), now())
                 .await?;
         }
         if adv.outcome == AdvanceOutcome::Advanced {
@@ -140,7 +166,7 @@ impl Pump {
                 .with_label_values(&[&label])
                 .inc_by(adv.admitted_now);
         }
-        let cutoff = now().epoch_ms.saturating_sub(millis(cfg.heartbeat_timeout));
+        let cutoff = self.sweep_cutoff(now().epoch_ms);
         let evicted = store
             .sweep(target, cutoff, cfg.max_evict_per_tick.get(), now())
             .await?;
@@ -151,6 +177,18 @@ impl Pump {
             .with_label_values(&[&label])
             .set(i64::try_from(adv.waiting.saturating_sub(evicted)).unwrap_or(i64::MAX));
         Ok(true)
+    }
+
+    /// Heartbeats at or before this are stale. Users could not heartbeat while the store was
+    /// down, so an outage that ended less than a heartbeat timeout ago is not held against them.
+    fn sweep_cutoff(&self, now_ms: u64) -> u64 {
+        let timeout = millis(self.state.config.heartbeat_timeout);
+        let credit = self.state.store.outage_credit_ms(now_ms, timeout);
+        now_ms.saturating_sub(timeout).saturating_sub(credit)
+    }
+
+    fn live_window(&self) -> Duration {
+        self.state.config.tick.mul_f64(3.0).max(REGISTRY_MIN_WINDOW)
     }
 
     /// Releases the locks this instance holds, so another instance takes over at its next tick.
@@ -199,6 +237,12 @@ impl BackgroundService for Pump {
             }
         }
         let _ = tokio::time::timeout(Duration::from_secs(1), self.release()).await;
+        // A clean shutdown leaves the registry, so the others do not count this one as cut off.
+        let _ = self
+            .state
+            .store
+            .register_instance(&self.instance, self.live_window(), REGISTRY_RECENT, true)
+            .await;
         tracing::info!(instance = %self.instance, "admission pump stopped");
     }
 }

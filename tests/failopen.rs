@@ -232,11 +232,15 @@ fn out_of_memory_refuses_new_enters_without_partial_writes() {
         redis.cmd(&["ZCARD", &format!("{p}seqtime")]).as_int(),
         checkpoints
     );
-    // The user already waiting keeps polling from the store.
+    // The user already waiting keeps polling from the store, and entering again stays
+    // idempotent (the same position, not a 429).
     assert!(queued(&poll(&mut c, 1)));
+    let again = enter(&mut c, 1);
+    assert!(queued(&again), "{:?}", again.1);
+    assert_eq!(again.1["position"], 1);
     let m = gw.metrics();
     assert!(
-        m.contains("virtual_queue_store_refused_total{op=\"enter\",reason=\"oom\"} 1"),
+        m.contains("virtual_queue_store_refused_total{op=\"enter\",reason=\"oom\"} 2"),
         "{m}"
     );
     assert!(m.contains("virtual_queue_store_degraded 0"), "{m}");
@@ -431,4 +435,35 @@ fn start_up_warns_when_full_queues_would_not_fit_in_maxmemory() {
         gw.log()
     );
     redis.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
+}
+
+#[test]
+fn a_redis_that_answers_ping_but_takes_no_writes_is_an_outage() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let gw = gateway(&redis, &up, |c| c.queue.tick_ms = 3_600_000);
+    let mut c = gw.client();
+    assert!(queued(&enter(&mut c, 1)));
+    // Writes refused (as after a failed save, or on a replica), PING still fine.
+    redis.cmd(&["CONFIG", "SET", "min-replicas-to-write", "1"]);
+    assert_eq!(redis.cmd(&["PING"]), Resp::Simple("PONG".into()));
+    let (status, v, _) = enter(&mut c, 2);
+    assert_eq!(status, 200);
+    assert_eq!(v["degraded"], true);
+    // Degraded stays degraded: the write probe does not flip it back every 100 ms.
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(gw.metrics().contains("virtual_queue_store_degraded 1"));
+    }
+    redis.cmd(&["CONFIG", "SET", "min-replicas-to-write", "0"]);
+    assert!(wait_until(Duration::from_secs(2), || gw
+        .metrics()
+        .contains("virtual_queue_store_degraded 0")));
+    assert!(queued(&enter(&mut c, 2)));
+    assert_eq!(
+        gw.log().matches("store failed; degrading").count(),
+        1,
+        "{}",
+        gw.log()
+    );
 }

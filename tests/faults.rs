@@ -35,6 +35,9 @@ fn config(redis: &RedisServer, up: &Upstream) -> ConfigFile {
     cfg.store.redis_url = redis.url();
     cfg.queue.tick_ms = TICK_MS;
     cfg.queue.batch_size = BATCH;
+    // Shorter than the longest outages below: users cannot heartbeat while Redis is down, and
+    // must not be evicted for it once it is back.
+    cfg.queue.heartbeat_timeout_s = 5;
     cfg.store.startup_wait_ms = 2000;
     cfg
 }
@@ -190,13 +193,13 @@ fn redis_killed_and_restarted_under_load() {
     let load = s.load();
     run_for(1500);
     s.redis.kill();
-    run_for(1500);
+    run_for(3000);
     s.redis.restart();
     let back = epoch_ms();
     run_for(2500);
     let events = load.stop();
     let rec = recovery_ms(&events, back, u64::MAX);
-    eprintln!("killed 1.5 s: degraded mode ended {rec} ms after Redis restarted");
+    eprintln!("killed 3 s: degraded mode ended {rec} ms after Redis restarted");
     assert!(rec <= 1000, "still degraded {rec} ms after restart");
     assert!(degraded_between(&events, 0, back) > 0);
     assert_kept(&s, &events, "kill/restart", 0);
@@ -438,4 +441,37 @@ fn metric(text: &str, series: &str) -> u64 {
     text.lines()
         .find_map(|l| l.strip_prefix(series))
         .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+}
+
+#[test]
+fn a_replica_that_stops_registering_lowers_the_pump_batch_by_its_share() {
+    let s = sale(RedisServer::start());
+    // Replica 1 stops (as if cut off from Redis, it may be pacing its share on its own).
+    s.gws[1].signal("STOP");
+    let load = Load::start(LoadConfig::new(vec![s.gws[0].listen]));
+    // Wait until replica 0's registry drops it from the live count.
+    assert!(wait_until(Duration::from_secs(10), || s.gws[0]
+        .metrics()
+        .contains("virtual_queue_replicas 1")));
+    let before = metric(
+        &s.gws[0].metrics(),
+        "virtual_queue_admitted_total{target=\"LIMITED_DROP:42\"}",
+    );
+    let from = epoch_ms();
+    run_for(3000);
+    let after = metric(
+        &s.gws[0].metrics(),
+        "virtual_queue_admitted_total{target=\"LIMITED_DROP:42\"}",
+    );
+    let ticks = (epoch_ms() - from).div_ceil(TICK_MS);
+    let _ = load.stop();
+    s.gws[1].signal("CONT");
+    let admitted = after - before;
+    let lowered = BATCH - BATCH.div_ceil(REPLICAS);
+    eprintln!("one replica silent: {admitted} admitted in {ticks} ticks (batch {BATCH} lowered to {lowered})");
+    assert!(admitted > 0, "admissions stopped");
+    assert!(
+        admitted <= lowered * (ticks + 1),
+        "{admitted} admitted in {ticks} ticks"
+    );
 }

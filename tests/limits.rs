@@ -15,11 +15,12 @@ use common::*;
 fn closed_within(s: &mut TcpStream, timeout: Duration) -> bool {
     s.set_read_timeout(Some(timeout)).unwrap();
     let mut b = [0u8; 1];
-    matches!(s.read(&mut b), Ok(0) | Err(_)) && {
-        // A timeout error is not a close.
-        s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
-        !matches!(s.read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut)
-    }
+    matches!(s.read(&mut b), Ok(0) | Err(_))
+        && {
+            // A timeout error is not a close.
+            s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+            !matches!(s.read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut)
+        }
 }
 
 #[test]
@@ -77,7 +78,11 @@ fn a_silent_connection_is_closed_after_the_first_byte_timeout() {
     let port = c.local_port();
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(c.get("/b", &[]).unwrap().status, 200);
-    assert_eq!(c.local_port(), port, "the idle keep-alive connection was closed");
+    assert_eq!(
+        c.local_port(),
+        port,
+        "the idle keep-alive connection was closed"
+    );
 }
 
 #[test]

@@ -154,9 +154,20 @@ fn direct(state: &AppState, target: QueueTarget, user: u64, now: Now) -> Reply {
 }
 
 /// The answer to an enter or poll that the store could not serve, per `fail_open.mode`
-/// (`failopen.rs`): the paced budget, everyone, or nobody.
-fn degraded(state: &AppState, target: QueueTarget, user: u64, now: Now) -> Result<Reply, ApiError> {
-    let mode = state.config.fail_open;
+/// (`failopen.rs`): the paced budget, everyone, or nobody. A replica that only refused the call
+/// itself (`Saturated`: its in-flight limit, Redis still answering) never lets anyone through
+/// unmetered: `open` then answers like `paced`.
+fn degraded(
+    state: &AppState,
+    target: QueueTarget,
+    user: u64,
+    now: Now,
+    cause: &StoreError,
+) -> Result<Reply, ApiError> {
+    let mode = match (state.config.fail_open, cause) {
+        (FailOpenMode::Open, StoreError::Saturated) => FailOpenMode::Paced,
+        (mode, _) => mode,
+    };
     let count = |outcome: &str| {
         state
             .metrics
@@ -171,7 +182,7 @@ fn degraded(state: &AppState, target: QueueTarget, user: u64, now: Now) -> Resul
         FailOpenMode::Paced => {
             state
                 .pacer
-                .try_admit(target, now.epoch_ms, state.store.last_ok_ms())
+                .try_admit(target, user, now.epoch_ms, state.store.last_ok_ms())
         }
     };
     if admit {
@@ -230,12 +241,22 @@ async fn enter(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply
             Err(ApiError::TooManyQueues)
         }
         // Redis is full: it answers, but takes no new users. Not an outage, so nobody is let
-        // through for it; users already waiting keep their places (their polls still run).
+        // through for it; users already waiting keep their places: their enter is answered like
+        // a poll (which runs under maxmemory), so it stays idempotent.
         Err(StoreError::OutOfMemory) => {
-            count("store_full");
-            Err(ApiError::StoreFull)
+            let offered = candidate(state, target, user, now);
+            match state.store.poll(target, user, now, &offered).await {
+                Ok(PollOutcome::Waiting { seq, ahead }) => Ok(waiting(state, seq, ahead)),
+                Ok(PollOutcome::Admitted {
+                    token, expires_at, ..
+                }) => Ok(entry(EntryStatus::Admitted { token, expires_at })),
+                _ => {
+                    count("store_full");
+                    Err(ApiError::StoreFull)
+                }
+            }
         }
-        Err(_) => degraded(state, target, user, now),
+        Err(e) => degraded(state, target, user, now, &e),
     }
 }
 
@@ -266,7 +287,7 @@ async fn poll(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply,
             Ok(entry(EntryStatus::Admitted { token, expires_at }))
         }
         Ok(PollOutcome::NotInQueue) => Err(ApiError::NotInQueue),
-        Err(_) => degraded(state, target, user, now),
+        Err(e) => degraded(state, target, user, now, &e),
     }
 }
 

@@ -19,7 +19,7 @@ use crate::error::ApiError;
 use crate::failopen::LocalClaim;
 use crate::queue::QueueTarget;
 use crate::store::Now;
-use crate::store::QueueStore;
+use crate::store::{QueueStore, StoreError};
 use crate::token::{verify, MAX_TOKEN_LEN};
 
 pub const TOKEN_HEADER: &str = "x-entry-token";
@@ -245,6 +245,12 @@ pub async fn check(
             claim: Some(Claim::Stored(target, id)),
         }),
         Ok(false) => Err(used()),
+        // This replica is at its own limit while Redis answers: a local claim could not see a
+        // use recorded in Redis, so the purchase waits instead (the token stays unused).
+        Err(StoreError::Saturated) => Err(Denied {
+            error: ApiError::QueueUnavailable,
+            reason: "claim_saturated",
+        }),
         // HMAC and expiry still hold; the claim is kept on this replica and written to the
         // store when it answers again (`LocalClaims`).
         Err(_) => match state.claims.claim(target, &id, claims.expires_at, now_s) {

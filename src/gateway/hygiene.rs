@@ -92,7 +92,11 @@ pub fn check_headers(headers: &HeaderMap) -> Result<(), Refusal> {
 }
 
 /// Whether the request line and headers stay within `max_bytes` and `max_headers` fields.
-pub fn within_limits(req: &pingora::http::RequestHeader, max_bytes: usize, max_headers: usize) -> bool {
+pub fn within_limits(
+    req: &pingora::http::RequestHeader,
+    max_bytes: usize,
+    max_headers: usize,
+) -> bool {
     if req.headers.len() > max_headers {
         return false;
     }

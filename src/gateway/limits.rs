@@ -108,8 +108,7 @@ where
         };
         if fresh {
             let mut first = [0u8; 1];
-            match tokio::time::timeout(self.first_byte_timeout, stream.try_peek(&mut first)).await
-            {
+            match tokio::time::timeout(self.first_byte_timeout, stream.try_peek(&mut first)).await {
                 // Data arrived, or this stream cannot peek (then Pingora's read timeout applies).
                 Ok(Ok(_)) => {}
                 Ok(Err(_)) => return None,

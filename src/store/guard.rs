@@ -28,7 +28,9 @@ use async_trait::async_trait;
 use tokio::sync::Semaphore;
 
 use super::breaker::{Admit, Breaker, BreakerConfig, Verdict};
-use super::{Advance, EnterOutcome, Now, PollOutcome, QueueStore, StoreError, TokenCandidate};
+use super::{
+    Advance, EnterOutcome, Instances, Now, PollOutcome, QueueStore, StoreError, TokenCandidate,
+};
 use crate::metrics::Metrics;
 use crate::queue::{QueueStats, QueueTarget};
 
@@ -41,6 +43,10 @@ const RECONNECT_AFTER_PROBES: u32 = 2;
 /// Stats calls in flight per replica (the per-replica stats cache keeps this far from reached).
 const STATS_IN_FLIGHT: usize = 4;
 
+/// Claim and release calls in flight per replica: their own permits, so a replica busy with
+/// polls never turns a purchase into a local claim while Redis answers.
+const GATE_IN_FLIGHT: usize = 128;
+
 /// At most one "shedding" warning per this period.
 const SHED_LOG_EVERY_MS: u64 = 10_000;
 
@@ -52,8 +58,10 @@ pub struct GuardConfig {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Class {
-    /// enter, poll, leave, claim, release, probe: the breaker and `max_in_flight`.
+    /// enter, poll, leave, probe: the breaker and `max_in_flight`.
     Request,
+    /// claim, release: the breaker and permits of their own.
+    Gate,
     /// stats: a few permits of its own.
     Stats,
     /// pump, flag refresh, registry, claim replay: the deadline only.
@@ -65,10 +73,13 @@ pub struct StoreGuard {
     cfg: GuardConfig,
     breaker: Breaker,
     requests: Semaphore,
+    gate: Semaphore,
     stats: Semaphore,
     metrics: Metrics,
     down: AtomicBool,
-    down_since: std::sync::Mutex<Option<Instant>>,
+    down_since: std::sync::Mutex<Option<(Instant, u64)>>,
+    /// The last outage of the request path: (start, end) in epoch ms.
+    last_outage: std::sync::Mutex<Option<(u64, u64)>>,
     last_ok_ms: AtomicU64,
     last_shed_log_ms: AtomicU64,
     reconnecting: Arc<AtomicBool>,
@@ -100,11 +111,13 @@ impl StoreGuard {
                 reconnect_after: RECONNECT_AFTER_PROBES,
             }),
             requests: Semaphore::new(cfg.max_in_flight.max(1)),
+            gate: Semaphore::new(GATE_IN_FLIGHT),
             stats: Semaphore::new(STATS_IN_FLIGHT),
             cfg,
             metrics,
             down: AtomicBool::new(false),
             down_since: std::sync::Mutex::new(None),
+            last_outage: std::sync::Mutex::new(None),
             last_ok_ms: AtomicU64::new(0),
             last_shed_log_ms: AtomicU64::new(0),
             reconnecting: Arc::new(AtomicBool::new(false)),
@@ -129,7 +142,23 @@ impl StoreGuard {
     /// One request-class `PING`: the background prober runs it so that a degraded replica finds
     /// out that the store is back without waiting for traffic, and a healthy one notices a hang.
     pub async fn probe(&self) -> Result<(), StoreError> {
-        self.run(Class::Request, "probe", self.inner.ping()).await
+        self.run(Class::Request, "probe", self.inner.probe()).await
+    }
+
+    /// How long users could not heartbeat, for a sweep at `now_ms`: the outage in progress, or
+    /// the last one if it ended less than `within_ms` ago (0 otherwise). The pump does not count
+    /// that time against them.
+    pub fn outage_credit_ms(&self, now_ms: u64, within_ms: u64) -> u64 {
+        let since = self.down_since.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, start)) = *since {
+            return now_ms.saturating_sub(start);
+        }
+        match *self.last_outage.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some((start, end)) if now_ms.saturating_sub(end) < within_ms => {
+                end.saturating_sub(start)
+            }
+            _ => 0,
+        }
     }
 
     /// Runs any other store work (the flag refresh) under the background policy.
@@ -153,13 +182,18 @@ impl StoreGuard {
                 Ok(p) => Some(p),
                 Err(_) => return Err(self.shed(op)),
             },
+            Class::Gate => match self.gate.try_acquire() {
+                Ok(p) => Some(p),
+                Err(_) => return Err(self.shed(op)),
+            },
             Class::Stats => match self.stats.try_acquire() {
                 Ok(p) => Some(p),
                 Err(_) => return Err(self.shed(op)),
             },
             Class::Background => None,
         };
-        let admit = if class == Class::Request {
+        let guarded = matches!(class, Class::Request | Class::Gate);
+        let admit = if guarded {
             match self.breaker.admit(Instant::now()) {
                 Admit::Reject => {
                     let e =
@@ -189,7 +223,7 @@ impl StoreGuard {
                 self.metrics.degraded.with_label_values(&[op]).inc();
             }
             Err(e) => {
-                if class == Class::Request {
+                if guarded {
                     let timed_out = matches!(e, StoreError::Timeout);
                     if self.breaker.failure(Instant::now(), admit, timed_out) == Verdict::Reconnect
                     {
@@ -203,22 +237,25 @@ impl StoreGuard {
     }
 
     fn answered(&self, class: Class) {
+        if class == Class::Stats {
+            // A read-only script may succeed on a Redis that takes no writes.
+            return;
+        }
         self.last_ok_ms.fetch_max(epoch_ms(), Ordering::Relaxed);
-        if class != Class::Request {
+        if class == Class::Background {
             return;
         }
         self.breaker.success();
+        // The latch, its gauge and the outage record change together, under one lock.
+        let mut since = self.down_since.lock().unwrap_or_else(|p| p.into_inner());
         if self.down.swap(false, Ordering::Relaxed) {
-            let since = self
-                .down_since
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
-            let ms = since.map_or(0, |t| t.elapsed().as_millis() as u64);
+            let (at, start_ms) = since.take().unwrap_or((Instant::now(), epoch_ms()));
+            *self.last_outage.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((start_ms, epoch_ms()));
             self.metrics.store_degraded.set(0);
             tracing::info!(
                 store = self.inner.kind(),
-                degraded_ms = ms,
+                degraded_ms = at.elapsed().as_millis() as u64,
                 "store answers again; queue resumed"
             );
         }
@@ -226,11 +263,12 @@ impl StoreGuard {
 
     fn failed(&self, class: Class, op: &'static str, e: &StoreError) {
         self.metrics.degraded.with_label_values(&[op]).inc();
-        if class != Class::Request {
+        if !matches!(class, Class::Request | Class::Gate) {
             return;
         }
+        let mut since = self.down_since.lock().unwrap_or_else(|p| p.into_inner());
         if !self.down.swap(true, Ordering::Relaxed) {
-            *self.down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+            *since = Some((Instant::now(), epoch_ms()));
             self.metrics.store_degraded.set(1);
             tracing::warn!(store = self.inner.kind(), op, error = %e,
                 "store failed; degrading until it answers again");
@@ -373,25 +411,32 @@ impl QueueStore for StoreGuard {
         now: Now,
     ) -> Result<bool, StoreError> {
         let fut = self.inner.claim(target, token_id, ttl, now);
-        self.run(Class::Request, "claim", fut).await
+        self.run(Class::Gate, "claim", fut).await
     }
 
     async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError> {
         let fut = self.inner.release(target, token_id);
-        self.run(Class::Request, "release", fut).await
+        self.run(Class::Gate, "release", fut).await
     }
 
     async fn register_instance(
         &self,
         instance: &str,
         window: Duration,
-        now: Now,
-    ) -> Result<u32, StoreError> {
-        let fut = self.inner.register_instance(instance, window, now);
+        recent: Duration,
+        leave: bool,
+    ) -> Result<Instances, StoreError> {
+        let fut = self
+            .inner
+            .register_instance(instance, window, recent, leave);
         self.run(Class::Background, "pump", fut).await
     }
 
     async fn reconnect(&self) {
         self.inner.reconnect().await
+    }
+
+    async fn probe(&self) -> Result<(), StoreError> {
+        StoreGuard::probe(self).await
     }
 }

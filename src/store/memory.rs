@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Advance, AdvanceOutcome, EnterOutcome, Now, PollOutcome, QueueStore, StoreError,
+    Advance, AdvanceOutcome, EnterOutcome, Instances, Now, PollOutcome, QueueStore, StoreError,
     TokenCandidate, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS,
     WAIT_SAMPLES,
 };
@@ -544,9 +544,10 @@ impl QueueStore for MemoryStore {
         &self,
         _instance: &str,
         _window: Duration,
-        _now: Now,
-    ) -> Result<u32, StoreError> {
-        Ok(1)
+        _recent: Duration,
+        _leave: bool,
+    ) -> Result<Instances, StoreError> {
+        Ok(Instances { live: 1, recent: 1 })
     }
 }
 

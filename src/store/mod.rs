@@ -104,6 +104,15 @@ pub enum PollOutcome {
     NotInQueue,
 }
 
+/// The instance registry's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Instances {
+    /// Instances that registered within the live window: the replica count.
+    pub live: u32,
+    /// Instances that registered within the recent window (live ones included).
+    pub recent: u32,
+}
+
 /// What one `advance` call did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Advance {
@@ -166,6 +175,13 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Whether the store currently answers (for `/readyz`).
     async fn ping(&self) -> Result<(), StoreError>;
 
+    /// Whether the store currently takes writes (the health probe): a Redis that is loading,
+    /// read-only after a failover or refusing writes after a failed save answers `PING` but
+    /// cannot run the queue.
+    async fn probe(&self) -> Result<(), StoreError> {
+        self.ping().await
+    }
+
     /// Whether start-up is over: connected with scripts loaded, or given up waiting and failing
     /// open. `/readyz` waits for it so the first requests do not fail open needlessly.
     fn started(&self) -> bool {
@@ -219,15 +235,15 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Gives a claim back (the backend refused the purchase, so the user may retry).
     async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError>;
 
-    /// Records that `instance` is alive (the pump calls it every tick) and answers how many
-    /// instances did so within `window`: the replica count the fail-open pacer shares the
-    /// budget by.
+    /// Records that `instance` is alive (the pump calls it every tick; `leave` removes it on a
+    /// clean shutdown) and answers how many instances did so within `window` and `recent`.
     async fn register_instance(
         &self,
         instance: &str,
         window: std::time::Duration,
-        now: Now,
-    ) -> Result<u32, StoreError>;
+        recent: std::time::Duration,
+        leave: bool,
+    ) -> Result<Instances, StoreError>;
 
     /// Rebuilds the connection (asked for by the breaker when probes keep timing out).
     async fn reconnect(&self) {}

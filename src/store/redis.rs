@@ -22,7 +22,7 @@ use fred::types::{ClusterHash, CustomCommand};
 
 use super::scripts::{Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_KEY};
 use super::{
-    Advance, AdvanceOutcome, EnterOutcome, Now, PollOutcome, QueueStore, StoreError,
+    Advance, AdvanceOutcome, EnterOutcome, Instances, Now, PollOutcome, QueueStore, StoreError,
     TokenCandidate, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS,
     WAIT_SAMPLES,
 };
@@ -31,6 +31,9 @@ use crate::queue::{millis, QueueStats, QueueTarget};
 /// How often one instance re-adds a target it serves to `queue:active` (the pump drops targets
 /// whose keys expired, so a live target must be re-registered now and then).
 const ACTIVE_REFRESH: Duration = Duration::from_secs(10);
+
+/// The key the health probe writes (`SET NX PX 1000`).
+const PROBE_KEY: &str = "queue:probe";
 
 /// How long a stats summary computed by `stats.lua` is reused (the answer is at most this stale).
 const STATS_SUMMARY_MAX_AGE_MS: u64 = 1000;
@@ -495,6 +498,14 @@ impl QueueStore for RedisStore {
         Ok(())
     }
 
+    async fn probe(&self) -> Result<(), StoreError> {
+        // A write script on a key of its own: refused while loading, read-only or MISCONF;
+        // allowed under maxmemory (setnx.lua is allow-oom), which is not an outage.
+        self.set_nx_px(PROBE_KEY.to_string(), "1", Duration::from_millis(1000))
+            .await
+            .map(drop)
+    }
+
     fn started(&self) -> bool {
         self.started.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -619,9 +630,15 @@ impl QueueStore for RedisStore {
         &self,
         instance: &str,
         window: Duration,
-        _now: Now,
-    ) -> Result<u32, StoreError> {
-        let argv = vec![instance.into(), millis(window).max(1).to_string().into()];
+        recent: Duration,
+        leave: bool,
+    ) -> Result<Instances, StoreError> {
+        let argv = vec![
+            instance.into(),
+            millis(window).max(1).to_string().into(),
+            millis(recent).max(1).to_string().into(),
+            if leave { "leave" } else { "register" }.into(),
+        ];
         let reply = self
             .eval(
                 &self.scripts.instances,
@@ -629,7 +646,17 @@ impl QueueStore for RedisStore {
                 argv,
             )
             .await?;
-        Ok(u32::try_from(as_u64(&reply, "instances")?).unwrap_or(u32::MAX))
+        let items = reply_array(reply, "instances")?;
+        let count = |i: usize| -> Result<u32, StoreError> {
+            let v = items
+                .get(i)
+                .ok_or_else(|| StoreError::Protocol("short instances reply".into()))?;
+            Ok(u32::try_from(as_u64(v, "instances")?).unwrap_or(u32::MAX))
+        };
+        Ok(Instances {
+            live: count(0)?,
+            recent: count(1)?,
+        })
     }
 
     async fn reconnect(&self) {
