@@ -16,6 +16,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::failopen::FailOpenMode;
+use crate::identity::{IdentityConfig, JwtConfig, KeySource};
 use crate::queue::TargetType;
 
 /// Error for a configuration that cannot be used. `key` is the dotted TOML key at fault.
@@ -57,6 +58,44 @@ pub struct ConfigFile {
     pub fail_open: FailOpenSection,
     pub gate: GateSection,
     pub upgrade: UpgradeSection,
+    pub identity: IdentitySection,
+}
+
+/// Who the user is (`identity.rs`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdentitySection {
+    /// `header` (trust `X-User-Id` as set by the load balancer) or `jwt`.
+    pub mode: String,
+    /// With `jwt`: accepted algorithms, from `HS256`, `RS256`, `ES256`.
+    pub algorithms: Vec<String>,
+    /// With `jwt`: a PEM public key, or for HS256 a file holding the secret. Reloaded on change.
+    pub key_file: String,
+    /// With `jwt`, instead of `key_file`: a JWKS document. Reloaded on change.
+    pub jwks_file: String,
+    /// With `jwt`: the required `iss` (empty: not checked).
+    pub issuer: String,
+    /// With `jwt`: the required `aud` (empty: not checked).
+    pub audience: String,
+    /// With `jwt`: the claim holding the user id (a positive integer).
+    pub user_claim: String,
+    /// With `jwt`: clock skew allowed on `exp` and `nbf`, seconds.
+    pub leeway_s: u64,
+}
+
+impl Default for IdentitySection {
+    fn default() -> Self {
+        IdentitySection {
+            mode: "header".into(),
+            algorithms: vec!["RS256".into()],
+            key_file: String::new(),
+            jwks_file: String::new(),
+            issuer: String::new(),
+            audience: String::new(),
+            user_claim: "sub".into(),
+            leeway_s: 30,
+        }
+    }
 }
 
 /// Paths on which a protocol upgrade (websocket) may reach the backend. None by default: after a
@@ -355,6 +394,7 @@ pub struct Config {
     pub gate_routes: Vec<GateRoute>,
     /// Canonical path prefixes (lower-case segments) on which websocket upgrades are allowed.
     pub upgrade_prefixes: Vec<Vec<String>>,
+    pub identity: IdentityConfig,
 }
 
 impl Config {
@@ -525,6 +565,8 @@ impl Config {
             release_on.push(*code);
         }
 
+        let identity = identity(&f.identity)?;
+
         let mut upgrade_prefixes = Vec::with_capacity(f.upgrade.paths.len());
         for (i, p) in f.upgrade.paths.iter().enumerate() {
             let key = format!("upgrade.paths[{i}].prefix");
@@ -581,6 +623,7 @@ impl Config {
             rollout_percent,
             gate_routes,
             upgrade_prefixes,
+            identity,
         })
     }
 
@@ -629,6 +672,63 @@ impl Config {
             self.rollout_percent,
             if routes.is_empty() { "none".to_string() } else { routes.join(", ") },
         )
+    }
+}
+
+fn identity(s: &IdentitySection) -> Result<IdentityConfig, ConfigError> {
+    match s.mode.as_str() {
+        "header" => Ok(IdentityConfig::Header),
+        "jwt" => {
+            if s.algorithms.is_empty() {
+                return Err(invalid(
+                    "identity.algorithms",
+                    "name at least one algorithm",
+                ));
+            }
+            let mut algorithms = Vec::new();
+            for (i, a) in s.algorithms.iter().enumerate() {
+                let alg = crate::identity::parse_algorithm(a).ok_or_else(|| {
+                    invalid(
+                        &format!("identity.algorithms[{i}]"),
+                        format!("`{a}` is not one of HS256, RS256, ES256"),
+                    )
+                })?;
+                algorithms.push(alg);
+            }
+            let key = match (s.key_file.is_empty(), s.jwks_file.is_empty()) {
+                (false, true) => KeySource::File(s.key_file.clone().into()),
+                (true, false) => KeySource::Jwks(s.jwks_file.clone().into()),
+                _ => {
+                    return Err(invalid(
+                        "identity.key_file",
+                        "with mode `jwt`, set exactly one of key_file and jwks_file",
+                    ))
+                }
+            };
+            if algorithms.len() > 1 && matches!(key, KeySource::File(_)) {
+                return Err(invalid(
+                    "identity.algorithms",
+                    "a key_file holds one key: name one algorithm (or use jwks_file)",
+                ));
+            }
+            if s.user_claim.is_empty() {
+                return Err(invalid("identity.user_claim", "must name a claim"));
+            }
+            let leeway_s = in_range("identity.leeway_s", s.leeway_s, 0, 600)?;
+            let opt = |v: &String| (!v.is_empty()).then(|| v.clone());
+            Ok(IdentityConfig::Jwt(JwtConfig {
+                algorithms,
+                key,
+                issuer: opt(&s.issuer),
+                audience: opt(&s.audience),
+                user_claim: s.user_claim.clone(),
+                leeway_s,
+            }))
+        }
+        other => Err(invalid(
+            "identity.mode",
+            format!("`{other}` is not one of `header`, `jwt`"),
+        )),
     }
 }
 

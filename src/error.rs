@@ -10,6 +10,8 @@ pub enum ApiError {
     BadRequest(&'static str),
     #[error("{0}")]
     BypassDenied(&'static str),
+    #[error("{0}")]
+    Unauthorized(&'static str),
     #[error("you are not in this queue")]
     NotInQueue,
     #[error("unknown target type; expected limited-drop or ticketing-event")]
@@ -43,6 +45,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => 400,
             ApiError::BypassDenied(_) => 403,
+            ApiError::Unauthorized(_) => 401,
             ApiError::NotInQueue | ApiError::UnknownTargetType => 404,
             ApiError::MethodNotAllowed => 405,
             ApiError::HeadersTooLarge => 431,
@@ -57,6 +60,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => "BAD_REQUEST",
             ApiError::BypassDenied(_) => "QUEUE_BYPASS_DENIED",
+            ApiError::Unauthorized(_) => "UNAUTHORIZED",
             ApiError::NotInQueue => "NOT_IN_QUEUE",
             ApiError::UnknownTargetType => "UNKNOWN_TARGET_TYPE",
             ApiError::MethodNotAllowed => "METHOD_NOT_ALLOWED",

@@ -37,6 +37,7 @@ pub mod error;
 pub mod failopen;
 pub mod flag;
 pub mod gateway;
+pub mod identity;
 pub mod logging;
 pub mod metrics;
 pub mod ops;

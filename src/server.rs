@@ -44,6 +44,8 @@ pub enum StartError {
     Store(String),
     #[error("metrics: {0}")]
     Metrics(String),
+    #[error("identity keys: {0}")]
+    Identity(String),
 }
 
 /// Reads the signing secret (and the optional previous one) from the environment variables the
@@ -234,6 +236,29 @@ impl BackgroundService for RedisService {
     }
 }
 
+/// How often the identity key file is checked for changes.
+const KEY_RELOAD_EVERY: Duration = Duration::from_secs(1);
+
+/// Reloads the JWT verification keys when their file changes (`identity.rs`).
+struct KeyWatcher {
+    state: Arc<AppState>,
+}
+
+#[async_trait]
+impl BackgroundService for KeyWatcher {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut ticker = tokio::time::interval(KEY_RELOAD_EVERY);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                _ = ticker.tick() => {
+                    self.state.identity.reload_if_changed();
+                }
+            }
+        }
+    }
+}
+
 /// A built server and the shared state its services run on.
 pub struct Built {
     pub server: Server,
@@ -275,7 +300,11 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     let flag = Flag::new(FlagState::new(config.flag_enabled, config.rollout_percent));
     let listen = config.listen;
     let admin_listen = config.admin_listen;
-    let state = Arc::new(AppState::new(config, upstream, store, keys, flag, metrics));
+    let identity =
+        crate::identity::Identity::new(config.identity.clone()).map_err(StartError::Identity)?;
+    let state = Arc::new(AppState::new(
+        config, upstream, store, keys, flag, metrics, identity,
+    ));
 
     let app = pingora::proxy::http_proxy(&server.configuration, Gateway::new(state.clone()));
     let limited = ConnectionLimit::new(
@@ -311,6 +340,14 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
         // No answer before the first store contact (or the bounded start-up wait): a replica that
         // answered enters while still connecting would let its first users skip the queue.
         proxy.add_dependency(&redis);
+    }
+    if state.identity.is_jwt() {
+        server.add_service(background_service(
+            "identity keys",
+            KeyWatcher {
+                state: state.clone(),
+            },
+        ));
     }
     state.metrics.up.set(1);
     Ok(Built { server, state })

@@ -15,14 +15,14 @@ use super::stats::Lookup;
 use super::AppState;
 use crate::error::ApiError;
 use crate::failopen::FailOpenMode;
+use crate::identity::IdentityError;
 use crate::queue::{
-    eta_seconds, parse_positive_id, EntryStatus, QueueEntryResponse, QueueStats,
-    QueueStatsResponse, QueueTarget,
+    eta_seconds, EntryStatus, QueueEntryResponse, QueueStats, QueueStatsResponse, QueueTarget,
 };
 use crate::store::{EnterOutcome, Now, PollOutcome, QueueStore, StoreError, TokenCandidate};
 use crate::token::{mint, TokenClaims};
 
-pub const USER_HEADER: &str = "x-user-id";
+pub use crate::identity::USER_HEADER;
 
 /// A locally generated response.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,15 +82,20 @@ pub fn single_header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'
     }
 }
 
-/// The request's user: exactly one `X-User-Id`, a canonical positive 64-bit decimal.
-pub fn user_id(headers: &HeaderMap) -> Result<u64, ApiError> {
-    let value = single_header(headers, USER_HEADER)
-        .ok()
-        .flatten()
-        .ok_or(ApiError::BadRequest(
+/// The request's user per `[identity]`: 400 for a bad `X-User-Id` (header mode), 401 for a
+/// missing or invalid bearer token (jwt mode).
+pub fn user_id(state: &AppState, headers: &HeaderMap) -> Result<u64, ApiError> {
+    match (state.identity.user(headers), state.identity.is_jwt()) {
+        (Ok(user), _) => Ok(user),
+        (Err(IdentityError::Missing), false) => Err(ApiError::BadRequest(
             "exactly one X-User-Id header is required",
-        ))?;
-    parse_positive_id(value).ok_or(ApiError::BadRequest("X-User-Id must be a positive integer"))
+        )),
+        (Err(IdentityError::Invalid(why)), false) => Err(ApiError::BadRequest(why)),
+        (Err(IdentityError::Missing), true) => {
+            Err(ApiError::Unauthorized("a bearer token is required"))
+        }
+        (Err(IdentityError::Invalid(why)), true) => Err(ApiError::Unauthorized(why)),
+    }
 }
 
 pub fn now() -> Now {
@@ -104,7 +109,7 @@ pub fn now() -> Now {
 pub async fn handle(state: &AppState, call: ApiCall, headers: &HeaderMap) -> Reply {
     let result = match call.class {
         RouteClass::Stats => stats(state, call.target).await,
-        class => match user_id(headers) {
+        class => match user_id(state, headers) {
             Ok(user) => match class {
                 RouteClass::Enter => enter(state, call.target, user).await,
                 RouteClass::Poll => poll(state, call.target, user).await,
@@ -326,37 +331,6 @@ async fn stats(state: &AppState, target: QueueTarget) -> Result<Reply, ApiError>
                 Some(s) => Ok(reply(s)),
                 None => unavailable(),
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use http::HeaderValue;
-
-    fn headers(values: &[&str]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for v in values {
-            h.append(USER_HEADER, HeaderValue::from_str(v).unwrap());
-        }
-        h
-    }
-
-    #[test]
-    fn user_header_is_strict() {
-        assert_eq!(user_id(&headers(&["1001"])), Ok(1001));
-        for bad in [
-            &[][..],
-            &["1", "2"],
-            &["0"],
-            &["abc"],
-            &["01"],
-            &["+1"],
-            &[" 1"],
-            &["-5"],
-        ] {
-            assert!(user_id(&headers(bad)).is_err(), "{bad:?}");
         }
     }
 }

@@ -58,6 +58,8 @@ pub struct AppState {
     pub pacer: Pacer,
     /// Single-use claims taken while the store could not record them.
     pub claims: LocalClaims,
+    /// Who the user is (`[identity]`).
+    pub identity: crate::identity::Identity,
     pub stats_cache: stats::StatsCache,
 }
 
@@ -69,6 +71,7 @@ impl AppState {
         keys: TokenKeys,
         flag: Flag,
         metrics: Metrics,
+        identity: crate::identity::Identity,
     ) -> AppState {
         let guard = StoreGuard::new(
             store,
@@ -93,6 +96,7 @@ impl AppState {
             metrics,
             pacer,
             claims: LocalClaims::default(),
+            identity,
             stats_cache: Default::default(),
         }
     }
@@ -119,6 +123,8 @@ pub struct RequestCtx {
     sent_upstream: bool,
     /// Whether this request may switch protocols (a configured websocket path).
     upgrade: bool,
+    /// With `identity.mode = "jwt"`: the verified user, the only `X-User-Id` the backend sees.
+    verified_user: Option<u64>,
 }
 
 pub struct Gateway {
@@ -211,6 +217,9 @@ pub async fn write_reply(session: &mut Session, reply: &Reply) -> Result<()> {
         header.insert_header(http::header::CONTENT_TYPE, "application/json")?;
     }
     header.insert_header(http::header::CACHE_CONTROL, "no-store")?;
+    if reply.status == 401 {
+        header.insert_header(http::header::WWW_AUTHENTICATE, "Bearer")?;
+    }
     if let Some(secs) = reply.retry_after {
         header.insert_header(http::header::RETRY_AFTER, secs.to_string())?;
     }
@@ -270,6 +279,7 @@ impl ProxyHttp for Gateway {
             claim: None,
             sent_upstream: false,
             upgrade: false,
+            verified_user: None,
         }
     }
 
@@ -359,6 +369,11 @@ impl ProxyHttp for Gateway {
             }
             ctx.upgrade = true;
         }
+        if self.state.identity.is_jwt() {
+            // Only a verified id reaches the backend; a request without a valid token goes on
+            // without any (the backend sees the Authorization header and decides).
+            ctx.verified_user = self.state.identity.user(&session.req_header().headers).ok();
+        }
         if let Some(g) = gated {
             if let Some(reply) = self.gate(session, ctx, &g).await {
                 return answer_locally(session, &reply).await;
@@ -378,6 +393,12 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         upstream.remove_header(gate::TOKEN_HEADER);
         upstream.remove_header("http2-settings");
+        if self.state.identity.is_jwt() {
+            upstream.remove_header(api::USER_HEADER);
+            if let Some(user) = ctx.verified_user {
+                upstream.insert_header(api::USER_HEADER, user.to_string())?;
+            }
+        }
         ctx.sent_upstream = true;
         if let Some(path) = &ctx.forward_path {
             let target = match session.req_header().uri.query() {
