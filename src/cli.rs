@@ -1,4 +1,4 @@
-//! The command line (clap): `serve`, `check-config`, `flag show|set`.
+//! The command line (clap): `serve`, `check-config`, `flag show|set`, `target add|remove|list`.
 
 use std::path::PathBuf;
 
@@ -32,6 +32,32 @@ pub enum Command {
     Flag {
         #[command(subcommand)]
         action: FlagAction,
+    },
+    /// Register sales that may have a queue (`queue.targets = "registered"`), in Redis.
+    Target {
+        #[command(subcommand)]
+        action: TargetAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TargetAction {
+    /// Register a sale, e.g. LIMITED_DROP:42 (every instance follows within 2 s).
+    Add {
+        #[arg(long, short)]
+        config: PathBuf,
+        target: String,
+    },
+    /// Unregister a sale.
+    Remove {
+        #[arg(long, short)]
+        config: PathBuf,
+        target: String,
+    },
+    /// List the registered sales (the file's and Redis').
+    List {
+        #[arg(long, short)]
+        config: PathBuf,
     },
 }
 

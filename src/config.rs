@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::failopen::FailOpenMode;
 use crate::identity::{IdentityConfig, JwtConfig, KeySource};
-use crate::queue::TargetType;
+use crate::queue::{QueueTarget, TargetType};
+use crate::registry::{TargetsMode, UnregisteredGated};
 
 /// Error for a configuration that cannot be used. `key` is the dotted TOML key at fault.
 #[derive(Debug, thiserror::Error)]
@@ -235,6 +236,12 @@ pub struct QueueSection {
     pub max_evict_per_tick: u64,
     /// Targets with a live queue at once; entering a new target beyond it answers 429.
     pub max_active_targets: u64,
+    /// `any` (every target id may open a queue) or `registered` (only registered sales).
+    pub targets: String,
+    /// With `registered`: sales registered in the file (`TYPE:ID`), besides `queue:targets`.
+    pub registered: Vec<String>,
+    /// With `registered`: `pass` (purchases of other sales are not gated) or `refuse`.
+    pub unregistered_gated: String,
 }
 
 impl Default for QueueSection {
@@ -246,6 +253,9 @@ impl Default for QueueSection {
             heartbeat_timeout_s: 60,
             max_evict_per_tick: 1000,
             max_active_targets: 1000,
+            targets: "any".into(),
+            registered: Vec::new(),
+            unregistered_gated: "pass".into(),
         }
     }
 }
@@ -383,6 +393,9 @@ pub struct Config {
     pub heartbeat_timeout: Duration,
     pub max_evict_per_tick: NonZeroU32,
     pub max_active_targets: NonZeroU32,
+    pub targets_mode: TargetsMode,
+    pub registered_targets: Vec<QueueTarget>,
+    pub unregistered_gated: UnregisteredGated,
     pub secret_env: String,
     pub previous_secret_env: String,
     pub token_ttl: Duration,
@@ -533,6 +546,37 @@ impl Config {
             in_range("queue.max_active_targets", q.max_active_targets, 1, 100_000)?,
         )?;
 
+        let targets_mode = match q.targets.as_str() {
+            "any" => TargetsMode::Any,
+            "registered" => TargetsMode::Registered,
+            other => {
+                return Err(invalid(
+                    "queue.targets",
+                    format!("`{other}` is not one of `any`, `registered`"),
+                ))
+            }
+        };
+        let mut registered_targets = Vec::with_capacity(q.registered.len());
+        for (i, r) in q.registered.iter().enumerate() {
+            let t = QueueTarget::parse_key(r).ok_or_else(|| {
+                invalid(
+                    &format!("queue.registered[{i}]"),
+                    format!("`{r}` is not TYPE:ID (e.g. LIMITED_DROP:42)"),
+                )
+            })?;
+            registered_targets.push(t);
+        }
+        let unregistered_gated = match q.unregistered_gated.as_str() {
+            "pass" => UnregisteredGated::Pass,
+            "refuse" => UnregisteredGated::Refuse,
+            other => {
+                return Err(invalid(
+                    "queue.unregistered_gated",
+                    format!("`{other}` is not one of `pass`, `refuse`"),
+                ))
+            }
+        };
+
         let t = &f.token;
         env_name("token.secret_env", &t.secret_env)?;
         env_name("token.previous_secret_env", &t.previous_secret_env)?;
@@ -614,6 +658,9 @@ impl Config {
             heartbeat_timeout,
             max_evict_per_tick,
             max_active_targets,
+            targets_mode,
+            registered_targets,
+            unregistered_gated,
             secret_env: t.secret_env.clone(),
             previous_secret_env: t.previous_secret_env.clone(),
             token_ttl,

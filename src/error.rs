@@ -16,6 +16,8 @@ pub enum ApiError {
     NotInQueue,
     #[error("unknown target type; expected limited-drop or ticketing-event")]
     UnknownTargetType,
+    #[error("this sale has no waiting room")]
+    UnknownTarget,
     #[error("method not allowed here")]
     MethodNotAllowed,
     #[error("the request headers are too large or too many")]
@@ -46,7 +48,7 @@ impl ApiError {
             ApiError::BadRequest(_) => 400,
             ApiError::BypassDenied(_) => 403,
             ApiError::Unauthorized(_) => 401,
-            ApiError::NotInQueue | ApiError::UnknownTargetType => 404,
+            ApiError::NotInQueue | ApiError::UnknownTargetType | ApiError::UnknownTarget => 404,
             ApiError::MethodNotAllowed => 405,
             ApiError::HeadersTooLarge => 431,
             ApiError::QueueFull | ApiError::TooManyQueues | ApiError::StoreFull => 429,
@@ -63,6 +65,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => "UNAUTHORIZED",
             ApiError::NotInQueue => "NOT_IN_QUEUE",
             ApiError::UnknownTargetType => "UNKNOWN_TARGET_TYPE",
+            ApiError::UnknownTarget => "UNKNOWN_TARGET",
             ApiError::MethodNotAllowed => "METHOD_NOT_ALLOWED",
             ApiError::HeadersTooLarge => "HEADERS_TOO_LARGE",
             ApiError::QueueFull | ApiError::TooManyQueues | ApiError::StoreFull => "QUEUE_FULL",

@@ -43,6 +43,7 @@ pub mod metrics;
 pub mod ops;
 pub mod pump;
 pub mod queue;
+pub mod registry;
 pub mod server;
 pub mod store;
 pub mod token;

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use vq_gateway::cli::{Cli, Command, FlagAction, OnOff};
+use vq_gateway::cli::{Cli, Command, FlagAction, OnOff, TargetAction};
 use vq_gateway::config::Config;
 use vq_gateway::ops::{self, FlagChange, OpsError};
 use vq_gateway::{logging, server};
@@ -33,6 +33,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Flag { action } => flag(action),
+        Command::Target { action } => target(action),
         Command::Serve { config } => {
             let config = match Config::load(&config) {
                 Ok(c) => c,
@@ -98,6 +99,35 @@ fn flag(action: FlagAction) -> ExitCode {
         Some(change) => ops::set(&config, &change),
     };
     match result {
+        Ok(out) => {
+            println!("{}", out.trim_end());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("vq-gateway: {e}");
+            let code = match e {
+                OpsError::NotRedis | OpsError::Usage(_) => EXIT_CONFIG,
+                OpsError::Unreachable(..) | OpsError::Store(_) => EXIT_START,
+            };
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn target(action: TargetAction) -> ExitCode {
+    let (path, change) = match &action {
+        TargetAction::Add { config, target } => (config, Some((target.as_str(), true))),
+        TargetAction::Remove { config, target } => (config, Some((target.as_str(), false))),
+        TargetAction::List { config } => (config, None),
+    };
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vq-gateway: {}: {e}", path.display());
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    match ops::target(&config, change) {
         Ok(out) => {
             println!("{}", out.trim_end());
             ExitCode::SUCCESS

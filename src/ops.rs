@@ -142,3 +142,43 @@ pub fn set(config: &Config, change: &FlagChange) -> Result<String, OpsError> {
         Ok(format!("{FLAG_KEY}: set {}", written.join(" ")))
     })
 }
+
+/// `target add|remove|list`: the registered sales in `queue:targets`.
+pub fn target(config: &Config, change: Option<(&str, bool)>) -> Result<String, OpsError> {
+    let parsed = match change {
+        Some((t, add)) => Some((
+            QueueTarget::parse_key(t).ok_or_else(|| {
+                OpsError::Usage(format!("`{t}` is not TYPE:ID (e.g. LIMITED_DROP:42)"))
+            })?,
+            add,
+        )),
+        None => None,
+    };
+    runtime()?.block_on(async {
+        let store = connect(config).await?;
+        if let Some((t, add)) = parsed {
+            store
+                .write_registered(t, add)
+                .await
+                .map_err(|e| OpsError::Store(e.to_string()))?;
+        }
+        let mut members = store
+            .registered_targets()
+            .await
+            .map_err(|e| OpsError::Store(e.to_string()))?;
+        members.sort();
+        let mut out = String::new();
+        if config.targets_mode != crate::registry::TargetsMode::Registered {
+            out.push_str(
+                "note: queue.targets is `any` in this file: the list below is not enforced\n",
+            );
+        }
+        for t in &config.registered_targets {
+            out.push_str(&format!("{t} (file)\n"));
+        }
+        for m in members {
+            out.push_str(&format!("{m}\n"));
+        }
+        Ok(out)
+    })
+}

@@ -43,6 +43,9 @@ pub struct Pump {
     state: Arc<AppState>,
     instance: String,
     held: std::sync::Mutex<BTreeSet<QueueTarget>>,
+    /// Targets this instance found with an empty queue at its last visit: empty twice in a row,
+    /// a target is retired from the active set (it stops counting against the cap).
+    empty: std::sync::Mutex<BTreeSet<QueueTarget>>,
 }
 
 impl Pump {
@@ -51,6 +54,7 @@ impl Pump {
             state,
             instance: instance_id(),
             held: Default::default(),
+            empty: Default::default(),
         }
     }
 
@@ -101,6 +105,7 @@ impl Pump {
         };
         self.state.pacer.set_known(&targets);
         report.targets = targets.len();
+        let previous = self.held.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut held = BTreeSet::new();
         for target in targets {
             match self.visit(target, batch, &mut report).await {
@@ -108,19 +113,22 @@ impl Pump {
                     held.insert(target);
                 }
                 Ok(false) => {}
-                Err(_) => report.errors += 1,
+                // The lock may be ours: keep it on the list a shutdown releases (the release
+                // script only deletes a lock this instance owns).
+                Err(_) => {
+                    report.errors += 1;
+                    held.insert(target);
+                }
             }
         }
         report.led = held.len();
         self.state.metrics.leader.set(held.len() as i64);
-        if let Ok(mut h) = self.held.lock() {
-            // Another instance leads these now: its gauge is the current one, ours is stale.
-            for gone in h.difference(&held) {
-                let label = self.state.metrics.targets.label(*gone);
-                let _ = self.state.metrics.length.remove_label_values(&[&label]);
-            }
-            *h = held;
+        // Another instance leads these now: its gauge is the current one, ours is stale.
+        for gone in previous.difference(&held) {
+            let label = self.state.metrics.targets.label(*gone);
+            let _ = self.state.metrics.length.remove_label_values(&[&label]);
         }
+        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = held;
         report
     }
 
@@ -139,6 +147,11 @@ impl Pump {
         {
             return Ok(false);
         }
+        // On the release list at once: a shutdown in the middle of this tick must give it back.
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(target);
         let label = self.state.metrics.targets.label(target);
         if batch == 0 {
             // Every admission of this tick is with replicas that may be pacing on their own.
@@ -173,9 +186,27 @@ impl Pump {
         report.evicted += evicted;
         let m = &self.state.metrics;
         m.evicted.with_label_values(&[&label]).inc_by(evicted);
+        let remaining = adv.waiting.saturating_sub(evicted);
         m.length
             .with_label_values(&[&label])
-            .set(i64::try_from(adv.waiting.saturating_sub(evicted)).unwrap_or(i64::MAX));
+            .set(i64::try_from(remaining).unwrap_or(i64::MAX));
+        let retire = {
+            let mut empty = self.empty.lock().unwrap_or_else(|p| p.into_inner());
+            if remaining > 0 {
+                empty.remove(&target);
+                false
+            } else {
+                !empty.insert(target)
+            }
+        };
+        if retire {
+            store.retire_target(target).await?;
+            self.empty
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&target);
+            let _ = m.length.remove_label_values(&[&label]);
+        }
         Ok(true)
     }
 
@@ -193,10 +224,13 @@ impl Pump {
 
     /// Releases the locks this instance holds, so another instance takes over at its next tick.
     async fn release(&self) {
-        let held: Vec<QueueTarget> = match self.held.lock() {
-            Ok(h) => h.iter().copied().collect(),
-            Err(_) => return,
-        };
+        let held: Vec<QueueTarget> = self
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .copied()
+            .collect();
         for target in held {
             let _ = self.state.store.unlock(target, &self.instance).await;
         }

@@ -112,8 +112,31 @@ struct RedisService {
 }
 
 impl RedisService {
+    /// Re-reads `queue:targets` (with `queue.targets = "registered"`).
+    async fn refresh_registry(&self, reported: &mut Vec<String>) {
+        if self.state.registry.mode() != crate::registry::TargetsMode::Registered {
+            return;
+        }
+        let Ok(members) = self
+            .state
+            .store
+            .background("targets", self.store.registered_targets())
+            .await
+        else {
+            return;
+        };
+        let bad = self.state.registry.set_dynamic(&members);
+        if bad != *reported {
+            for b in &bad {
+                tracing::warn!(member = %b, "ignoring a queue:targets member that is not TYPE:ID");
+            }
+            *reported = bad;
+        }
+    }
+
     async fn refresh_flag(&self) {
         let mut reported: Vec<String> = Vec::new();
+        let mut reported_targets: Vec<String> = Vec::new();
         let mut ticker = tokio::time::interval(FLAG_REFRESH);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -127,6 +150,7 @@ impl RedisService {
             else {
                 continue;
             };
+            self.refresh_registry(&mut reported_targets).await;
             let (next, problems) = FlagState::with_overrides(&self.defaults, &fields);
             if problems != reported {
                 for p in &problems {
@@ -283,15 +307,18 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     let mut server = Server::new_with_opt_and_conf(None, conf);
 
     let mut redis_store = None;
+    // With registered targets ops decide which sales have a queue; the cap is for `any`.
+    let max_targets = match config.targets_mode {
+        crate::registry::TargetsMode::Any => config.max_active_targets.get() as usize,
+        crate::registry::TargetsMode::Registered => usize::MAX / 2,
+    };
     let store: Arc<dyn QueueStore> = match &config.store {
-        StoreBackend::Memory => {
-            Arc::new(MemoryStore::new().with_max_targets(config.max_active_targets.get() as usize))
-        }
+        StoreBackend::Memory => Arc::new(MemoryStore::new().with_max_targets(max_targets)),
         StoreBackend::Redis { url } => {
             let s = Arc::new(
                 RedisStore::new(url, config.command_timeout)
                     .map_err(|e| StartError::Store(e.to_string()))?
-                    .with_max_targets(config.max_active_targets.get() as usize),
+                    .with_max_targets(max_targets),
             );
             redis_store = Some(s.clone());
             s

@@ -107,6 +107,9 @@ pub fn now() -> Now {
 }
 
 pub async fn handle(state: &AppState, call: ApiCall, headers: &HeaderMap) -> Reply {
+    if !state.registry.allows(call.target) {
+        return Reply::error(&ApiError::UnknownTarget);
+    }
     let result = match call.class {
         RouteClass::Stats => stats(state, call.target).await,
         class => match user_id(state, headers) {
@@ -243,6 +246,7 @@ async fn enter(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply
         }
         Ok(EnterOutcome::TooManyTargets) => {
             count("too_many_targets");
+            log_too_many(target, state.config.max_active_targets.get(), now);
             Err(ApiError::TooManyQueues)
         }
         // Redis is full: it answers, but takes no new users. Not an outage, so nobody is let
@@ -301,6 +305,25 @@ async fn leave(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply
     // them once the store is back.
     let _ = state.store.leave(target, user).await;
     Ok(Reply::no_content())
+}
+
+/// A new target refused for the cap is logged at most once per 10 s (clients choose target
+/// ids: one line per refusal would let them flood the log too).
+fn log_too_many(target: QueueTarget, cap: u32, now: Now) {
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let last = LAST.load(std::sync::atomic::Ordering::Relaxed);
+    if now.epoch_ms.saturating_sub(last) >= 10_000
+        && LAST
+            .compare_exchange(
+                last,
+                now.epoch_ms,
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+            .is_ok()
+    {
+        tracing::warn!(%target, cap, "too many open queues: a new target was refused (queue.max_active_targets)");
+    }
 }
 
 /// How long a stats caller waits for another caller's refresh of the same target.

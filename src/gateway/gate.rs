@@ -18,6 +18,7 @@ use crate::config::GateRoute;
 use crate::error::ApiError;
 use crate::failopen::LocalClaim;
 use crate::queue::QueueTarget;
+use crate::registry::UnregisteredGated;
 use crate::store::Now;
 use crate::store::{QueueStore, StoreError};
 use crate::token::{verify, MAX_TOKEN_LEN};
@@ -196,6 +197,19 @@ pub async fn check(
             "exactly one X-Entry-Token header is allowed",
         )
     })?;
+    if !state.registry.allows(target) {
+        return match state.registry.unregistered_gated() {
+            UnregisteredGated::Pass => Ok(Passed {
+                target,
+                checked: false,
+                claim: None,
+            }),
+            UnregisteredGated::Refuse => Err(Denied {
+                error: ApiError::UnknownTarget,
+                reason: "unknown_target",
+            }),
+        };
+    }
     if !state.flag.queue_on(target, user) {
         return Ok(Passed {
             target,

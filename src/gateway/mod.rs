@@ -60,6 +60,8 @@ pub struct AppState {
     pub claims: LocalClaims,
     /// Who the user is (`[identity]`).
     pub identity: crate::identity::Identity,
+    /// Which targets may have a queue (`queue.targets`).
+    pub registry: crate::registry::Registry,
     pub stats_cache: stats::StatsCache,
 }
 
@@ -87,6 +89,11 @@ impl AppState {
             config.fail_open_min_replicas,
             config.fail_open_max_replicas,
         );
+        let registry = crate::registry::Registry::new(
+            config.targets_mode,
+            config.unregistered_gated,
+            config.registered_targets.clone(),
+        );
         AppState {
             config,
             upstream,
@@ -97,6 +104,7 @@ impl AppState {
             pacer,
             claims: LocalClaims::default(),
             identity,
+            registry,
             stats_cache: Default::default(),
         }
     }

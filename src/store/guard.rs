@@ -366,6 +366,11 @@ impl QueueStore for StoreGuard {
         self.run(Class::Background, "pump", fut).await
     }
 
+    async fn retire_target(&self, target: QueueTarget) -> Result<(), StoreError> {
+        let fut = self.inner.retire_target(target);
+        self.run(Class::Background, "pump", fut).await
+    }
+
     async fn try_lock(
         &self,
         target: QueueTarget,

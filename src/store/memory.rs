@@ -230,16 +230,19 @@ impl MemoryStore {
         self
     }
 
-    /// Whether `target` may get a queue: it has one already, or there is room for another.
+    /// Whether `target` may get a queue: it has waiting users already, or fewer than the cap of
+    /// targets have (an emptied or idle target does not count, as in Redis once the pump retired
+    /// it).
     fn admits_target(&self, target: QueueTarget, now: Now) -> Result<bool, StoreError> {
         let mut targets = lock(&self.targets)?;
-        if targets.contains_key(&target) || targets.len() < self.max_targets {
+        if targets.get(&target).is_some_and(|t| !t.waiting.is_empty()) {
             return Ok(true);
         }
         targets.retain(|_, t| {
             now.epoch_ms.saturating_sub(t.last_write_ms) <= TARGET_KEY_TTL_SECS * 1000
         });
-        Ok(targets.len() < self.max_targets)
+        let open = targets.values().filter(|t| !t.waiting.is_empty()).count();
+        Ok(open < self.max_targets)
     }
 
     /// Runs `f` on the target's state, first dropping it if it has been idle past the key TTL

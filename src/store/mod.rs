@@ -191,6 +191,12 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Targets the pump should visit; targets whose keys expired are dropped from the set.
     async fn active_targets(&self, now: Now) -> Result<Vec<QueueTarget>, StoreError>;
 
+    /// Takes a target whose queue stayed empty off the active set, so it no longer counts
+    /// against `max_active_targets` (its next enter adds it again).
+    async fn retire_target(&self, _target: QueueTarget) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Tries to take the target's pump lock for `ttl` (shorter than a tick) as `owner`.
     async fn try_lock(
         &self,

@@ -20,7 +20,7 @@ use fred::prelude::*;
 use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand};
 
-use super::scripts::{Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_KEY};
+use super::scripts::{Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_KEY, REGISTERED_KEY};
 use super::{
     Advance, AdvanceOutcome, EnterOutcome, Instances, Now, PollOutcome, QueueStore, StoreError,
     TokenCandidate, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS,
@@ -240,30 +240,38 @@ impl RedisStore {
         self
     }
 
-    /// Whether `target` may get a queue: this instance serves it already, it is active, or
-    /// `queue:active` has room. Costs two round trips only for a target new to this instance.
+    /// Whether `target` may get a queue: it is in `queue:active`, or there is room and it is
+    /// added in the same step (`admit.lua`: exact under concurrency).
     async fn admits_target(&self, target: QueueTarget) -> Result<bool, StoreError> {
-        let known = self
-            .registered
-            .lock()
-            .map_err(|_| StoreError::Protocol("registry lock poisoned".into()))?
-            .contains_key(&target);
-        if known {
-            return Ok(true);
-        }
-        let name = target.to_string();
-        let member = self
-            .command("SISMEMBER", vec![ACTIVE_KEY.into(), name.into()])
+        let argv = vec![
+            target.to_string().into(),
+            self.max_targets.to_string().into(),
+        ];
+        let reply = self
+            .eval(&self.scripts.admit, vec![ACTIVE_KEY.to_string()], argv)
+            .await?;
+        Ok(as_u64(&reply, "admit")? == 1)
+    }
+
+    /// The targets ops registered (`queue:targets`), for `queue.targets = "registered"`.
+    pub async fn registered_targets(&self) -> Result<Vec<String>, StoreError> {
+        let reply = self
+            .command("SMEMBERS", vec![REGISTERED_KEY.into()])
             .await
             .map_err(store_err)?;
-        if as_u64(&member, "sismember")? == 1 {
-            return Ok(true);
-        }
-        let active = self
-            .command("SCARD", vec![ACTIVE_KEY.into()])
+        Ok(reply_array(reply, "registered")?
+            .iter()
+            .filter_map(|v| v.as_string())
+            .collect())
+    }
+
+    /// Adds (`add`) or removes a registered target.
+    pub async fn write_registered(&self, target: QueueTarget, add: bool) -> Result<(), StoreError> {
+        let cmd = if add { "SADD" } else { "SREM" };
+        self.command(cmd, vec![REGISTERED_KEY.into(), target.to_string().into()])
             .await
             .map_err(store_err)?;
-        Ok(as_u64(&active, "scard")? < self.max_targets as u64)
+        Ok(())
     }
 
     /// Adds the target to `queue:active` at most every `ACTIVE_REFRESH` per instance.
@@ -406,12 +414,6 @@ impl QueueStore for RedisStore {
             "FULL" => EnterOutcome::Full,
             _ => return Err(StoreError::Protocol("unknown enter reply".into())),
         };
-        if let EnterOutcome::Waiting { seq, .. } = outcome {
-            // The user is queued either way; a failed registration is retried by the next enter.
-            if let Err(e) = self.register(target, seq == 1).await {
-                tracing::debug!(%target, error = %e, "registering an active target failed");
-            }
-        }
         Ok(outcome)
     }
 
@@ -439,6 +441,11 @@ impl QueueStore for RedisStore {
         match tag(&items).as_str() {
             "WAITING" => {
                 let (seq, ahead) = waiting_reply(&items)?;
+                // Users wait here: keep the target on the pump's list (at most every 10 s per
+                // instance; it may have been retired as empty just before they entered).
+                if let Err(e) = self.register(target, false).await {
+                    tracing::debug!(%target, error = %e, "re-registering an active target failed");
+                }
                 Ok(PollOutcome::Waiting { seq, ahead })
             }
             "ADMITTED" => {
@@ -537,6 +544,16 @@ impl QueueStore for RedisStore {
         }
         targets.sort();
         Ok(targets)
+    }
+
+    async fn retire_target(&self, target: QueueTarget) -> Result<(), StoreError> {
+        self.command("SREM", vec![ACTIVE_KEY.into(), target.to_string().into()])
+            .await
+            .map_err(store_err)?;
+        if let Ok(mut seen) = self.registered.lock() {
+            seen.remove(&target);
+        }
+        Ok(())
     }
 
     async fn try_lock(

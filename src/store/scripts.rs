@@ -35,6 +35,7 @@ pub struct Scripts {
     pub unlock: Script,
     pub setnx: Script,
     pub instances: Script,
+    pub admit: Script,
 }
 
 impl Scripts {
@@ -49,10 +50,11 @@ impl Scripts {
             unlock: Script::new("unlock", include_str!("../../lua/unlock.lua")),
             setnx: Script::new("setnx", include_str!("../../lua/setnx.lua")),
             instances: Script::new("instances", include_str!("../../lua/instances.lua")),
+            admit: Script::new("admit", include_str!("../../lua/admit.lua")),
         }
     }
 
-    pub fn all(&self) -> [&Script; 9] {
+    pub fn all(&self) -> [&Script; 10] {
         [
             &self.enter,
             &self.poll,
@@ -63,12 +65,16 @@ impl Scripts {
             &self.unlock,
             &self.setnx,
             &self.instances,
+            &self.admit,
         ]
     }
 }
 
 /// The set of targets the pump visits (written outside the per-target scripts).
 pub const ACTIVE_KEY: &str = "queue:active";
+
+/// Targets registered by ops (`queue.targets = "registered"`; `vq-gateway target add`).
+pub const REGISTERED_KEY: &str = "queue:targets";
 
 /// The instance registry (`instances.lua`): live gateway replicas, for the fail-open pacer.
 pub const INSTANCES_KEY: &str = "queue:instances";

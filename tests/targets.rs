@@ -1,0 +1,219 @@
+//! Which targets may have a queue: with `queue.targets = "any"` the cap on open queues is exact
+//! under concurrency and empty queues stop counting; with `"registered"` only registered sales
+//! have one (file or `vq-gateway target add`), and other sales' purchases pass or are refused.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+fn enter(gw: &GatewayProc, target: u64, user: u64) -> Response {
+    gw.client()
+        .request(
+            "POST",
+            &format!("/virtual-queues/limited-drop/{target}/entries"),
+            &[("X-User-Id", &user.to_string())],
+            b"",
+        )
+        .unwrap()
+}
+
+fn gateway(
+    redis: Option<&RedisServer>,
+    tweak: impl Fn(&mut ConfigFile),
+) -> (GatewayProc, Upstream) {
+    let up = Upstream::start();
+    let mut cfg = test_config(up.addr);
+    if let Some(r) = redis {
+        cfg.store.backend = "redis".into();
+        cfg.store.redis_url = r.url();
+    }
+    cfg.queue.tick_ms = 100;
+    tweak(&mut cfg);
+    (GatewayProc::start(cfg), up)
+}
+
+#[test]
+fn the_cap_on_open_queues_is_exact_under_concurrency() {
+    for backend in ["memory", "redis"] {
+        let redis = (backend == "redis").then(RedisServer::start);
+        let (gw, _up) = gateway(redis.as_ref(), |c| {
+            c.queue.max_active_targets = 50;
+            // Twenty debug-build clients on two cores: no answer may degrade for slowness here.
+            c.store.command_timeout_ms = 2000;
+        });
+        let addr = gw.listen;
+        let handles: Vec<_> = (0..20u64)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let mut c = Client::connect(addr);
+                    (0..10u64)
+                        .map(|i| {
+                            let target = 1000 + t * 10 + i;
+                            c.request(
+                                "POST",
+                                &format!("/virtual-queues/limited-drop/{target}/entries"),
+                                &[("X-User-Id", "1")],
+                                b"",
+                            )
+                            .unwrap()
+                            .status
+                        })
+                        .collect::<Vec<u16>>()
+                })
+            })
+            .collect();
+        let statuses: Vec<u16> = handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        let opened = statuses.iter().filter(|s| **s == 200).count();
+        let refused = statuses.iter().filter(|s| **s == 429).count();
+        assert_eq!((opened, refused), (50, 150), "{backend}: {statuses:?}");
+        if let Some(r) = &redis {
+            assert_eq!(r.cmd(&["SCARD", "queue:active"]).as_int(), 50);
+        }
+        let m = gw.metrics();
+        assert!(
+            m.contains("outcome=\"too_many_targets\""),
+            "{backend}: not counted\n{m}"
+        );
+        assert!(
+            gw.log().contains("too many open queues"),
+            "{backend}: not logged"
+        );
+    }
+}
+
+#[test]
+fn empty_queues_stop_counting_against_the_cap() {
+    for backend in ["memory", "redis"] {
+        let redis = (backend == "redis").then(RedisServer::start);
+        let (gw, _up) = gateway(redis.as_ref(), |c| c.queue.max_active_targets = 3);
+        for t in 1..=3 {
+            assert_eq!(enter(&gw, t, 1).status, 200, "{backend}");
+        }
+        assert_eq!(enter(&gw, 4, 1).status, 429, "{backend}: the cap holds");
+        // Target 1 empties (its only user leaves): it no longer blocks a new sale.
+        let r = gw
+            .client()
+            .request(
+                "DELETE",
+                "/virtual-queues/limited-drop/1/entries/me",
+                &[("X-User-Id", "1")],
+                b"",
+            )
+            .unwrap();
+        assert_eq!(r.status, 204);
+        assert!(
+            wait_until(Duration::from_secs(5), || enter(&gw, 4, 1).status == 200),
+            "{backend}: an emptied queue still counts"
+        );
+        // And the cap still holds for the next one.
+        assert_eq!(enter(&gw, 5, 1).status, 429, "{backend}");
+    }
+}
+
+#[test]
+fn only_registered_sales_have_a_queue() {
+    let redis = RedisServer::start();
+    let (gw, up) = gateway(Some(&redis), |c| {
+        c.queue.targets = "registered".into();
+        c.queue.registered = vec!["LIMITED_DROP:1".into()];
+    });
+    assert_eq!(enter(&gw, 1, 7).status, 200);
+    let r = enter(&gw, 2, 7);
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["code"], "UNKNOWN_TARGET");
+    let r = gw
+        .client()
+        .get("/virtual-queues/limited-drop/2/stats", &[])
+        .unwrap();
+    assert_eq!(r.status, 404);
+    assert_eq!(
+        redis
+            .cmd(&["EXISTS", "queue:{LIMITED_DROP:2}:seq"])
+            .as_int(),
+        0
+    );
+    // An unregistered sale's purchase is not gated (`unregistered_gated = "pass"`).
+    let r = gw
+        .client()
+        .request(
+            "POST",
+            "/limited-drops/2/orders",
+            &[("X-User-Id", "7")],
+            b"{}",
+        )
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(up.count(), 1);
+    // Ops register it at run time; every instance follows within a couple of seconds.
+    let cfg_path = gw.dir.0.join("gateway.toml");
+    let cfg = cfg_path.to_str().unwrap();
+    let (code, out, err) = run_bin(
+        &["target", "add", "--config", cfg, "LIMITED_DROP:2"],
+        &[],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("LIMITED_DROP:2"), "{out}");
+    assert!(wait_until(Duration::from_secs(3), || enter(&gw, 2, 7)
+        .status
+        == 200));
+    // Now its purchases need a token.
+    let r = gw
+        .client()
+        .request(
+            "POST",
+            "/limited-drops/2/orders",
+            &[("X-User-Id", "7")],
+            b"{}",
+        )
+        .unwrap();
+    assert_eq!(r.status, 403);
+    let (code, _, _) = run_bin(
+        &["target", "remove", "--config", cfg, "LIMITED_DROP:2"],
+        &[],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(0));
+    assert!(wait_until(Duration::from_secs(3), || enter(&gw, 2, 8)
+        .status
+        == 404));
+    let (code, _, err) = run_bin(
+        &["target", "add", "--config", cfg, "LIMITED_DROP:zero"],
+        &[],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(64), "{err}");
+}
+
+#[test]
+fn unregistered_purchases_can_be_refused() {
+    let (gw, up) = gateway(None, |c| {
+        c.queue.targets = "registered".into();
+        c.queue.registered = vec!["LIMITED_DROP:1".into()];
+        c.queue.unregistered_gated = "refuse".into();
+    });
+    let r = gw
+        .client()
+        .request(
+            "POST",
+            "/limited-drops/2/orders",
+            &[("X-User-Id", "7")],
+            b"{}",
+        )
+        .unwrap();
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["code"], "UNKNOWN_TARGET");
+    assert_eq!(up.count(), 0);
+    assert_eq!(
+        enter(&gw, 1, 7).status,
+        200,
+        "the memory store honours the file's list"
+    );
+}
