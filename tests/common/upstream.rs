@@ -111,10 +111,26 @@ fn serve(conn: TcpStream, requests: Arc<Mutex<Vec<Recorded>>>) {
         {
             std::thread::sleep(Duration::from_millis(ms));
         }
-        let status: u16 = req
+        let mut status: u16 = req
             .header("x-upstream-status")
             .and_then(|v| v.parse().ok())
             .unwrap_or(200);
+        // An auth service (nginx's auth_request): the session cookie names the user;
+        // `session=reject` is turned away, no cookie is an anonymous 200.
+        let mut auth = String::new();
+        if req.target.starts_with("/session") {
+            // The client's own test headers are for the backend, not the auth service.
+            status = 200;
+            let session = req.header("cookie").and_then(|c| {
+                c.split(';')
+                    .find_map(|p| p.trim().strip_prefix("session=").map(str::to_string))
+            });
+            match session.as_deref() {
+                Some("reject") => status = 401,
+                Some(user) => auth = format!("X-User-Id: {user}\r\n"),
+                None => {}
+            }
+        }
         let body = serde_json::json!({
             "method": req.method,
             "target": req.target,
@@ -137,7 +153,7 @@ fn serve(conn: TcpStream, requests: Arc<Mutex<Vec<Recorded>>>) {
             _ => format!("Content-Length: {}\r\n", body.len()),
         };
         let resp = format!(
-            "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nX-Upstream: recorder\r\n{framing}{}\r\n{body}",
+            "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nX-Upstream: recorder\r\n{auth}{framing}{}\r\n{body}",
             if close { "Connection: close\r\n" } else { "" }
         );
         if reader.get_mut().write_all(resp.as_bytes()).is_err() || close {
