@@ -6,7 +6,7 @@
 
 use proptest::prelude::*;
 use vq_gateway::config::Config;
-use vq_gateway::gateway::gate::match_route;
+use vq_gateway::gateway::gate::{lookalike, match_route};
 use vq_gateway::gateway::path::canonicalize;
 use vq_gateway::queue::TargetType;
 use vq_gateway::token::{mint, verify, TokenClaims, TokenKeys};
@@ -20,6 +20,12 @@ fn pathish() -> impl Strategy<Value = Vec<u8>> {
         Just(b"LIMITED-DROPS".to_vec()),
         Just(b"42".to_vec()),
         Just(b"orders".to_vec()),
+        Just(b"orders.json".to_vec()),
+        Just(b"orders%2e".to_vec()),
+        Just(b"orders%20".to_vec()),
+        Just(b"~".to_vec()),
+        Just(b"!".to_vec()),
+        Just(b"-".to_vec()),
         Just(b".".to_vec()),
         Just(b"..".to_vec()),
         Just(b";".to_vec()),
@@ -58,6 +64,31 @@ proptest! {
             let lower: Vec<String> = c.segments.iter().map(|s| s.to_ascii_lowercase()).collect();
             let looks_gated = lower.len() == 3 && lower[0] == "limited-drops" && lower[2] == "orders";
             prop_assert_eq!(looks_gated, match_route(&routes, &c).is_some_and(|g| g.route == 0));
+        }
+    }
+
+    #[test]
+    fn a_suffixed_purchase_route_is_gated_or_a_lookalike(raw in pathish()) {
+        // A backend with suffix-pattern matching or segment trimming routes `orders.json`,
+        // `orders.`, `orders%20` to the orders handler: such a path must never be neither gated
+        // nor refused as a lookalike.
+        let routes = Config::from_toml("").unwrap().gate_routes;
+        if let Ok(c) = canonicalize(&raw) {
+            let lower: Vec<String> = c.segments.iter().map(|s| s.to_ascii_lowercase()).collect();
+            let trimmed = |s: &str, lit: &str| {
+                s.strip_prefix(lit).is_some_and(|rest| {
+                    rest.is_empty() || !rest.starts_with(|ch: char| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-')
+                })
+            };
+            let backend_reads_it_as_orders = lower.len() == 3
+                && trimmed(&lower[0], "limited-drops")
+                && trimmed(&lower[2], "orders");
+            if backend_reads_it_as_orders {
+                prop_assert!(
+                    match_route(&routes, &c).is_some() || lookalike(&routes, &c),
+                    "{:?} reaches a suffix-matching backend's orders handler unchecked", c
+                );
+            }
         }
     }
 
