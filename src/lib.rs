@@ -6,8 +6,12 @@
 //! - `ops`      — the `flag` commands: read and write `queue:flag` in Redis.
 //! - `server`   — builds the Pingora server: ports, upstream, store, services.
 //! - `gateway`  — the public listener (`ProxyHttp`): `path` (strict canonicalisation),
-//!   `route` (classification), `api` (queue handlers), `gate` (entry-token check on purchase
-//!   routes), `stats` (the per-replica stats cache), `admin` (health, readiness, metrics).
+//!   `route` (classification), `hygiene` (header, method and upgrade spellings refused before
+//!   routing), `api` (queue handlers), `gate` (entry-token check on purchase routes), `stats`
+//!   (the per-replica stats cache), `limits` (connections at once, first-byte deadline), `admin`
+//!   (health, readiness, metrics).
+//! - `identity` — who the user is: `X-User-Id` from a trusted load balancer, or a verified JWT.
+//! - `registry` — which targets may have a queue (`any` or `registered`).
 //! - `queue`    — pure domain: targets, positions, ETA, response JSON.
 //! - `store`    — `QueueStore` trait; `RedisStore` (Lua in `lua/`) and `MemoryStore`, both behind
 //!   `StoreGuard` (deadlines, per-class in-flight limits, circuit breaker, health), which every
@@ -22,8 +26,9 @@
 //! - `logging`  — tracing subscriber (text or JSON).
 //!
 //! # A request's path
-//! nginx-lb → Pingora listener → `Gateway::request_filter`: non-websocket upgrades are refused,
-//! the path is canonicalised once (ambiguous spellings → 400) and classified.
+//! nginx-lb → Pingora listener (`limits`) → `Gateway::request_filter`: header limits (431) and
+//! hygiene (400) first, then the path is canonicalised once (ambiguous spellings → 400) and
+//! classified; the user comes from `identity`.
 //! `/virtual-queues/**` is answered locally by `api::handle` over the guarded store (a failed
 //! call is answered per `fail_open.mode`). A path with
 //! a gated route's shape goes through `gate::check` (token, user, single-use claim) and reaches
