@@ -94,6 +94,36 @@ fn a_valid_token_is_the_user_and_client_ids_are_ignored() {
     assert_eq!(r.status, 401, "a bare X-User-Id is no identity in jwt mode");
     assert_eq!(r.json()["code"], "UNAUTHORIZED");
     assert_eq!(r.header("www-authenticate"), Some("Bearer"));
+    // Nobody else can poll the user's entry (and take its token) or remove it.
+    let victim = [("X-User-Id", "1001")];
+    for method in ["GET", "DELETE"] {
+        let r = gw
+            .client()
+            .request(method, &format!("{Q}/entries/me"), &victim, b"")
+            .unwrap();
+        assert_eq!(r.status, 401, "{method}");
+    }
+    let other = bearer(&rs256("2002"));
+    let r = gw
+        .client()
+        .request(
+            "DELETE",
+            &format!("{Q}/entries/me"),
+            &[("Authorization", &other), ("X-User-Id", "1001")],
+            b"",
+        )
+        .unwrap();
+    assert_eq!(r.status, 204, "another user leaves its own (absent) entry");
+    let r = gw
+        .client()
+        .request(
+            "GET",
+            &format!("{Q}/entries/me"),
+            &[("Authorization", &bearer(&t))],
+            b"",
+        )
+        .unwrap();
+    assert_eq!(r.json()["position"], 1, "the victim is still in line");
     // The backend sees the verified id only.
     let r = gw
         .client()
