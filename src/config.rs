@@ -240,7 +240,7 @@ pub struct QueueSection {
     pub targets: String,
     /// With `registered`: sales registered in the file (`TYPE:ID`), besides `queue:targets`.
     pub registered: Vec<String>,
-    /// With `registered`: `pass` (purchases of other sales are not gated) or `refuse`.
+    /// With `registered`: `refuse` (purchases of other sales get 404) or `pass` (not gated).
     pub unregistered_gated: String,
 }
 
@@ -255,7 +255,7 @@ impl Default for QueueSection {
             max_active_targets: 1000,
             targets: "any".into(),
             registered: Vec::new(),
-            unregistered_gated: "pass".into(),
+            unregistered_gated: "refuse".into(),
         }
     }
 }

@@ -150,14 +150,21 @@ impl Identity {
         let mut validation = Validation::new(header.alg);
         validation.leeway = cfg.leeway_s;
         validation.validate_nbf = true;
-        validation.set_required_spec_claims(&["exp"]);
+        // A configured `iss` or `aud` must be present, not merely right when present: another
+        // application's token from the same provider often omits `aud`.
+        let mut required = vec!["exp"];
         if let Some(iss) = &cfg.issuer {
             validation.set_issuer(&[iss]);
+            required.push("iss");
         }
         match &cfg.audience {
-            Some(aud) => validation.set_audience(&[aud]),
+            Some(aud) => {
+                validation.set_audience(&[aud]);
+                required.push("aud");
+            }
             None => validation.validate_aud = false,
         }
+        validation.set_required_spec_claims(&required);
         let keys = self.keys.read().unwrap_or_else(|p| p.into_inner());
         let candidates = keys.keys.iter().filter(|k| {
             k.algorithm.is_none_or(|a| a == header.alg)
@@ -248,6 +255,33 @@ fn load(cfg: &JwtConfig) -> Result<Keys, String> {
             .map_err(|e| format!("{} is not a JWKS document: {e}", path.display()))?;
         let mut keys = Vec::new();
         for jwk in &set.keys {
+            // Only signature keys: `use` other than `sig`, or `key_ops` without `verify`, are
+            // someone else's (encryption keys published in the same set).
+            let for_signatures = jwk
+                .common
+                .public_key_use
+                .as_ref()
+                .is_none_or(|u| matches!(u, jsonwebtoken::jwk::PublicKeyUse::Signature))
+                && jwk.common.key_operations.as_ref().is_none_or(|ops| {
+                    ops.iter()
+                        .any(|o| matches!(o, jsonwebtoken::jwk::KeyOperations::Verify))
+                });
+            if !for_signatures {
+                continue;
+            }
+            if let jsonwebtoken::jwk::AlgorithmParameters::OctetKey(oct) = &jwk.algorithm {
+                let len = base64::Engine::decode(
+                    &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+                    oct.value.trim_end_matches('='),
+                )
+                .map_or(0, |b| b.len());
+                if len < 32 {
+                    return Err(format!(
+                        "{}: an HS256 key must be at least 32 bytes",
+                        path.display()
+                    ));
+                }
+            }
             let key = DecodingKey::from_jwk(jwk)
                 .map_err(|e| format!("{}: a key does not load: {e}", path.display()))?;
             let algorithm = jwk

@@ -30,12 +30,23 @@ pub enum UnregisteredGated {
     Refuse,
 }
 
+/// Where a target stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    Allowed,
+    Unregistered,
+    /// `registered` mode, and `queue:targets` was never read yet (Redis not reached since the
+    /// start): nobody can tell, so nothing is let through ungated meanwhile.
+    Unknown,
+}
+
 #[derive(Debug)]
 pub struct Registry {
     mode: TargetsMode,
     gated: UnregisteredGated,
     configured: HashSet<QueueTarget>,
     dynamic: RwLock<HashSet<QueueTarget>>,
+    loaded: std::sync::atomic::AtomicBool,
 }
 
 impl Registry {
@@ -49,6 +60,23 @@ impl Registry {
             gated,
             configured: configured.into_iter().collect(),
             dynamic: RwLock::new(HashSet::new()),
+            loaded: std::sync::atomic::AtomicBool::new(mode == TargetsMode::Any),
+        }
+    }
+
+    /// There is no run-time set to read (the memory store): the file's list is all there is.
+    pub fn mark_loaded(&self) {
+        self.loaded
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    pub fn standing(&self, target: QueueTarget) -> Standing {
+        if self.allows(target) {
+            Standing::Allowed
+        } else if self.loaded.load(std::sync::atomic::Ordering::Acquire) {
+            Standing::Unregistered
+        } else {
+            Standing::Unknown
         }
     }
 
@@ -90,6 +118,7 @@ impl Registry {
             }
         }
         *self.dynamic.write().unwrap_or_else(|p| p.into_inner()) = set;
+        self.mark_loaded();
         bad
     }
 }
@@ -114,9 +143,11 @@ mod tests {
         let r = Registry::new(TargetsMode::Registered, UnregisteredGated::Refuse, [t(1)]);
         assert!(r.allows(t(1)));
         assert!(!r.allows(t(2)));
+        assert_eq!(r.standing(t(2)), Standing::Unknown, "never read");
         let bad = r.set_dynamic(&["LIMITED_DROP:2".into(), "nonsense".into()]);
         assert_eq!(bad, vec!["nonsense".to_string()]);
         assert!(r.allows(t(2)));
+        assert_eq!(r.standing(t(3)), Standing::Unregistered);
         r.set_dynamic(&[]);
         assert!(!r.allows(t(2)), "removed at run time");
         assert!(r.allows(t(1)), "configured targets stay");

@@ -245,6 +245,9 @@ impl BackgroundService for RedisService {
             reached = self.store.connect(wait) => {
                 if reached {
                     self.check_memory().await;
+                    // Registered sales known before the first request: until they are, their
+                    // purchases are refused rather than let through ungated.
+                    self.refresh_registry(&mut Vec::new()).await;
                 }
             }
         }
@@ -329,9 +332,13 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     let admin_listen = config.admin_listen;
     let identity =
         crate::identity::Identity::new(config.identity.clone()).map_err(StartError::Identity)?;
+    let memory = matches!(config.store, StoreBackend::Memory);
     let state = Arc::new(AppState::new(
         config, upstream, store, keys, flag, metrics, identity,
     ));
+    if memory {
+        state.registry.mark_loaded();
+    }
 
     let app = pingora::proxy::http_proxy(&server.configuration, Gateway::new(state.clone()));
     let limited = ConnectionLimit::new(

@@ -833,3 +833,44 @@ fn lookalike_routes_and_lower_case_methods_are_refused() {
         .unwrap();
     assert_eq!(r.status, 200);
 }
+
+#[test]
+fn other_state_changing_methods_on_a_purchase_path_are_refused() {
+    let (gw, up) = env(|_| {});
+    for method in ["PUT", "PATCH", "BUY"] {
+        let r = gw
+            .client()
+            .request(method, ORDERS, &[("X-User-Id", "1")], b"{}")
+            .unwrap();
+        assert_denied(&r, 405, "METHOD_NOT_ALLOWED");
+    }
+    // Reading stays possible; an override header on a lookalike is refused whatever the method.
+    assert_eq!(gw.client().get(ORDERS, &[]).unwrap().status, 200);
+    let r = gw
+        .client()
+        .get(
+            "/limited-drops/42/orders.json",
+            &[("X-HTTP-Method-Override", "POST")],
+        )
+        .unwrap();
+    assert_denied(&r, 400, "BAD_REQUEST");
+    assert_eq!(up.count(), 1);
+}
+
+#[test]
+fn ambiguous_framing_closes_the_connection() {
+    let (gw, up) = env(|_| {});
+    // Content-Length beside Transfer-Encoding: Pingora drops the length and will not keep the
+    // connection; the gateway must not turn keep-alive back on.
+    let raw = "POST /products HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+    let mut c = gw.client();
+    let r = c.send_raw(raw.as_bytes(), false);
+    if let Ok(r) = r {
+        assert_eq!(
+            r.header("connection").map(str::to_ascii_lowercase),
+            Some("close".into())
+        );
+    }
+    assert!(c.server_closed(), "the connection stayed open");
+    let _ = up;
+}

@@ -158,6 +158,10 @@ fn bad_tokens_are_refused() {
     wrong_aud["aud"] = "other".into();
     let mut no_exp = claims("1001");
     no_exp.as_object_mut().unwrap().remove("exp");
+    let mut no_aud = claims("1001");
+    no_aud.as_object_mut().unwrap().remove("aud");
+    let mut no_iss = claims("1001");
+    no_iss.as_object_mut().unwrap().remove("iss");
     let b64 = |v: &serde_json::Value| {
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
     };
@@ -206,6 +210,11 @@ fn bad_tokens_are_refused() {
             sign(Algorithm::RS256, "rsa_a.key", None, &wrong_aud),
         ),
         ("no exp", sign(Algorithm::RS256, "rsa_a.key", None, &no_exp)),
+        (
+            "no aud (another app's token)",
+            sign(Algorithm::RS256, "rsa_a.key", None, &no_aud),
+        ),
+        ("no iss", sign(Algorithm::RS256, "rsa_a.key", None, &no_iss)),
         ("alg none", none),
         ("alg confusion", confused),
         ("tampered", tampered),

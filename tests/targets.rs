@@ -123,6 +123,7 @@ fn only_registered_sales_have_a_queue() {
     let (gw, up) = gateway(Some(&redis), |c| {
         c.queue.targets = "registered".into();
         c.queue.registered = vec!["LIMITED_DROP:1".into()];
+        c.queue.unregistered_gated = "pass".into();
     });
     assert_eq!(enter(&gw, 1, 7).status, 200);
     let r = enter(&gw, 2, 7);
@@ -193,11 +194,10 @@ fn only_registered_sales_have_a_queue() {
 }
 
 #[test]
-fn unregistered_purchases_can_be_refused() {
+fn unregistered_purchases_are_refused_by_default() {
     let (gw, up) = gateway(None, |c| {
         c.queue.targets = "registered".into();
         c.queue.registered = vec!["LIMITED_DROP:1".into()];
-        c.queue.unregistered_gated = "refuse".into();
     });
     let r = gw
         .client()
@@ -216,4 +216,49 @@ fn unregistered_purchases_can_be_refused() {
         200,
         "the memory store honours the file's list"
     );
+}
+
+#[test]
+fn registered_sales_are_never_let_through_before_their_list_was_read() {
+    // Redis unreachable at start: `queue:targets` cannot be read, so a sale registered there is
+    // neither queued nor let through ungated; once Redis answers, it is a sale like any other.
+    let mut redis = RedisServer::start();
+    redis.cmd(&["SADD", "queue:targets", "LIMITED_DROP:2"]);
+    let port = redis.port;
+    redis.kill();
+    let (gw, up) = gateway(Some(&redis), |c| {
+        c.queue.targets = "registered".into();
+        c.queue.unregistered_gated = "pass".into();
+        c.store.startup_wait_ms = 300;
+    });
+    let r = gw
+        .client()
+        .request(
+            "POST",
+            "/limited-drops/2/orders",
+            &[("X-User-Id", "7")],
+            b"{}",
+        )
+        .unwrap();
+    assert_eq!(r.status, 503);
+    assert_eq!(enter(&gw, 2, 7).status, 503);
+    assert_eq!(up.count(), 0);
+    // Redis (with its data) comes back.
+    redis.restart();
+    assert_eq!(redis.port, port);
+    redis.cmd(&["SADD", "queue:targets", "LIMITED_DROP:2"]);
+    assert!(wait_until(Duration::from_secs(5), || enter(&gw, 2, 7)
+        .status
+        == 200));
+    let r = gw
+        .client()
+        .request(
+            "POST",
+            "/limited-drops/2/orders",
+            &[("X-User-Id", "7")],
+            b"{}",
+        )
+        .unwrap();
+    assert_eq!(r.status, 403, "a registered sale needs a token");
+    assert_eq!(up.count(), 0);
 }

@@ -19,6 +19,7 @@ use crate::identity::IdentityError;
 use crate::queue::{
     eta_seconds, EntryStatus, QueueEntryResponse, QueueStats, QueueStatsResponse, QueueTarget,
 };
+use crate::registry::Standing;
 use crate::store::{EnterOutcome, Now, PollOutcome, QueueStore, StoreError, TokenCandidate};
 use crate::token::{mint, TokenClaims};
 
@@ -107,8 +108,10 @@ pub fn now() -> Now {
 }
 
 pub async fn handle(state: &AppState, call: ApiCall, headers: &HeaderMap) -> Reply {
-    if !state.registry.allows(call.target) {
-        return Reply::error(&ApiError::UnknownTarget);
+    match state.registry.standing(call.target) {
+        Standing::Allowed => {}
+        Standing::Unregistered => return Reply::error(&ApiError::UnknownTarget),
+        Standing::Unknown => return Reply::error(&ApiError::QueueUnavailable),
     }
     let result = match call.class {
         RouteClass::Stats => stats(state, call.target).await,

@@ -18,7 +18,7 @@ use crate::config::GateRoute;
 use crate::error::ApiError;
 use crate::failopen::LocalClaim;
 use crate::queue::QueueTarget;
-use crate::registry::UnregisteredGated;
+use crate::registry::{Standing, UnregisteredGated};
 use crate::store::Now;
 use crate::store::{QueueStore, StoreError};
 use crate::token::{verify, MAX_TOKEN_LEN};
@@ -95,13 +95,16 @@ pub fn lookalike(routes: &[GateRoute], path: &CanonicalPath) -> bool {
             if lit.eq_ignore_ascii_case(got) {
                 continue;
             }
-            let glued = got.len() > lit.len()
-                && got.is_char_boundary(lit.len())
-                && got[..lit.len()].eq_ignore_ascii_case(lit)
-                && got[lit.len()..]
-                    .bytes()
-                    .next()
-                    .is_some_and(|b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b'-'));
+            // Encoded blanks around a segment are trimmed by some frameworks.
+            let core = trim_blanks(got);
+            let glued = core.eq_ignore_ascii_case(lit)
+                || (core.len() > lit.len()
+                    && core.is_char_boundary(lit.len())
+                    && core[..lit.len()].eq_ignore_ascii_case(lit)
+                    && core[lit.len()..]
+                        .bytes()
+                        .next()
+                        .is_some_and(|b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b'-')));
             if !glued {
                 return false;
             }
@@ -109,6 +112,21 @@ pub fn lookalike(routes: &[GateRoute], path: &CanonicalPath) -> bool {
         }
         suffixed
     })
+}
+
+/// A segment without encoded blanks (`%20`, `%09`) at either end.
+fn trim_blanks(s: &str) -> &str {
+    let mut s = s;
+    loop {
+        let before = s.len();
+        for blank in ["%20", "%09"] {
+            s = s.strip_prefix(blank).unwrap_or(s);
+            s = s.strip_suffix(blank).unwrap_or(s);
+        }
+        if s.len() == before {
+            return s;
+        }
+    }
 }
 
 /// Digits only (leading zeros allowed and folded), positive, fitting 64 bits.
@@ -197,7 +215,14 @@ pub async fn check(
             "exactly one X-Entry-Token header is allowed",
         )
     })?;
-    if !state.registry.allows(target) {
+    let standing = state.registry.standing(target);
+    if standing == Standing::Unknown {
+        return Err(Denied {
+            error: ApiError::QueueUnavailable,
+            reason: "targets_unknown",
+        });
+    }
+    if standing == Standing::Unregistered {
         return match state.registry.unregistered_gated() {
             UnregisteredGated::Pass => Ok(Passed {
                 target,
@@ -373,6 +398,8 @@ mod tests {
             "/limited-drops.json/42/orders",
             "/events/7/seats/select.json",
             "/events/7/seats~/select",
+            "/limited-drops/42/%20orders",
+            "/limited-drops/42/%09orders%20",
         ] {
             assert!(l(p), "{p}");
         }

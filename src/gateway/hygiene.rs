@@ -143,6 +143,12 @@ pub fn upper_case_method(method: &Method) -> bool {
     !m.is_empty() && m.bytes().all(|b| b.is_ascii_uppercase())
 }
 
+/// Methods that may create something on a purchase path: everything but the safe methods and
+/// DELETE (a backend that maps PUT or PATCH to its order handler must not get them unchecked).
+pub fn may_create(method: &Method) -> bool {
+    unsafe_method(method) && !method.as_str().eq_ignore_ascii_case("DELETE")
+}
+
 /// Methods that change state (where a lookalike path must not reach the backend).
 pub fn unsafe_method(method: &Method) -> bool {
     !matches!(

@@ -6,16 +6,16 @@
 //! - a new connection must send its first byte within `first_byte_timeout` (an idle socket
 //!   opened and left is closed; Pingora's own per-read timeout covers the rest of the header).
 //!
-//! A keep-alive connection comes back to `process_new` for each request; it is recognised by its
-//! socket id, counted once and timed only when new.
+//! Pingora's HTTP app serves all requests of a keep-alive connection inside one `process_new`
+//! call, so the calls in flight are the open connections.
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::apps::ServerApp;
-use pingora::protocols::{Stream, UniqueIDType};
+use pingora::protocols::Stream;
 use pingora::server::ShutdownWatch;
 
 use crate::metrics::Metrics;
@@ -24,9 +24,7 @@ pub struct ConnectionLimit<A> {
     inner: Arc<A>,
     max_connections: usize,
     first_byte_timeout: Duration,
-    /// Connections being served (by their socket id): a keep-alive connection comes back to
-    /// `process_new` for each request and must not be counted, or timed, twice.
-    live: Mutex<HashSet<UniqueIDType>>,
+    open: AtomicUsize,
     metrics: Metrics,
 }
 
@@ -41,13 +39,9 @@ impl<A> ConnectionLimit<A> {
             inner: Arc::new(inner),
             max_connections: max_connections.max(1),
             first_byte_timeout,
-            live: Mutex::new(HashSet::new()),
+            open: AtomicUsize::new(0),
             metrics,
         }
-    }
-
-    fn live(&self) -> std::sync::MutexGuard<'_, HashSet<UniqueIDType>> {
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn refuse(&self, reason: &str) -> Option<Stream> {
@@ -59,21 +53,13 @@ impl<A> ConnectionLimit<A> {
     }
 }
 
-/// Forgets a connection when its call ends without handing it back for reuse, however it ends
-/// (a dropped future included).
-struct Live<'a, A> {
-    limit: &'a ConnectionLimit<A>,
-    id: UniqueIDType,
-    reused: bool,
-}
+/// One open connection, counted until its call ends, however it ends.
+struct Open<'a, A>(&'a ConnectionLimit<A>);
 
-impl<A> Drop for Live<'_, A> {
+impl<A> Drop for Open<'_, A> {
     fn drop(&mut self) {
-        if !self.reused {
-            let mut live = self.limit.live();
-            live.remove(&self.id);
-            self.limit.metrics.connections.set(live.len() as i64);
-        }
+        let left = self.0.open.fetch_sub(1, Ordering::AcqRel) - 1;
+        self.0.metrics.connections.set(left as i64);
     }
 }
 
@@ -87,37 +73,22 @@ where
         mut stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        let id = stream.id();
-        let fresh = {
-            let mut live = self.live();
-            if live.contains(&id) {
-                false
-            } else if live.len() >= self.max_connections {
-                drop(live);
-                return self.refuse("max_connections");
-            } else {
-                live.insert(id);
-                self.metrics.connections.set(live.len() as i64);
-                true
-            }
-        };
-        let mut guard = Live {
-            limit: self.as_ref(),
-            id,
-            reused: false,
-        };
-        if fresh {
-            let mut first = [0u8; 1];
-            match tokio::time::timeout(self.first_byte_timeout, stream.try_peek(&mut first)).await {
-                // Data arrived, or this stream cannot peek (then Pingora's read timeout applies).
-                Ok(Ok(_)) => {}
-                Ok(Err(_)) => return None,
-                Err(_) => return self.refuse("first_byte_timeout"),
-            }
+        let open = self.open.fetch_add(1, Ordering::AcqRel) + 1;
+        let _counted = Open(self.as_ref());
+        self.metrics.connections.set(open as i64);
+        if open > self.max_connections {
+            return self.refuse("max_connections");
         }
-        let out = self.inner.process_new(stream, shutdown).await;
-        guard.reused = out.is_some();
-        out
+        let mut first = [0u8; 1];
+        match tokio::time::timeout(self.first_byte_timeout, stream.try_peek(&mut first)).await {
+            // Data arrived, or this stream cannot peek (then Pingora's read timeout applies).
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return None,
+            Err(_) => return self.refuse("first_byte_timeout"),
+        }
+        // Pingora's HTTP app serves every request of a keep-alive connection inside this call,
+        // so one call is one connection.
+        self.inner.process_new(stream, shutdown).await
     }
 
     async fn cleanup(&self) {

@@ -174,6 +174,16 @@ impl Gateway {
         let req = session.req_header();
         let denied = match gate::check_overrides(&req.headers) {
             Err(d) => Some(d),
+            // Another method that may create on a purchase path (PUT, PATCH, a custom one): a
+            // backend that maps it to the same handler must not get it unchecked.
+            Ok(())
+                if !gate::gates_method(route, &req.method) && hygiene::may_create(&req.method) =>
+            {
+                Some(gate::Denied {
+                    error: ApiError::MethodNotAllowed,
+                    reason: "other_method",
+                })
+            }
             Ok(()) if gate::gates_method(route, &req.method) => {
                 ctx.class = RouteClass::Gated;
                 match gate::check(state, g, &req.headers, api::now()).await {
@@ -297,7 +307,11 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.started = Instant::now();
-        session.set_keepalive(Some(self.state.config.keepalive_idle.as_secs()));
+        // Bound the idle time of a connection Pingora keeps alive; never turn keep-alive back on
+        // for one it closes (HTTP/1.0, `Connection: close`, ambiguous framing).
+        if session.get_keepalive().is_some() {
+            session.set_keepalive(Some(self.state.config.keepalive_idle.as_secs()));
+        }
         Ok(())
     }
 
@@ -354,10 +368,15 @@ impl ProxyHttp for Gateway {
             };
             return self.reject(session, ctx, r).await;
         }
-        if gated.is_none()
-            && hygiene::unsafe_method(&method)
-            && gate::lookalike(&config.gate_routes, &canonical)
-        {
+        let lookalike = gated.is_none() && gate::lookalike(&config.gate_routes, &canonical);
+        if lookalike && gate::check_overrides(&session.req_header().headers).is_err() {
+            let r = hygiene::Refusal {
+                reason: "method_override",
+                detail: "method-override headers are not allowed on this route",
+            };
+            return self.reject(session, ctx, r).await;
+        }
+        if lookalike && hygiene::unsafe_method(&method) {
             let r = hygiene::Refusal {
                 reason: "lookalike_route",
                 detail: "this path is too close to a purchase route",

@@ -296,14 +296,12 @@ impl RedisStore {
             }
         };
         if due {
-            let r = self
-                .command("SADD", vec![ACTIVE_KEY.into(), target.to_string().into()])
-                .await;
-            if let Err(e) = r {
+            // Through the cap like any new queue: re-adding never lets the count pass it.
+            if let Err(e) = self.admits_target(target).await {
                 if let Ok(mut seen) = self.registered.lock() {
                     seen.remove(&target);
                 }
-                return Err(store_err(e));
+                return Err(e);
             }
         }
         Ok(())
