@@ -23,6 +23,14 @@ const TICK_MS: u64 = 500;
 const BATCH: u64 = 5;
 const REPLICAS: u64 = 2;
 
+/// One fault test at a time: each runs two gateways and a load generator that keep two cores
+/// busy; running them side by side would measure the machine, not the recovery.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 struct Sale {
     redis: RedisServer,
     up: Upstream,
@@ -133,6 +141,7 @@ fn assert_kept(sale: &Sale, events: &[Event], what: &str, lag_ticks: u64) {
 
 #[test]
 fn redis_pauses_under_load_end_within_a_second_and_hold_the_budget() {
+    let _serial = serial();
     let s = sale(RedisServer::start());
     let load = s.load();
     run_for(1500);
@@ -189,6 +198,7 @@ fn redis_pauses_under_load_end_within_a_second_and_hold_the_budget() {
 
 #[test]
 fn redis_killed_and_restarted_under_load() {
+    let _serial = serial();
     let mut s = sale(RedisServer::start_persistent());
     let load = s.load();
     run_for(1500);
@@ -198,15 +208,45 @@ fn redis_killed_and_restarted_under_load() {
     let back = epoch_ms();
     run_for(2500);
     let events = load.stop();
-    let rec = recovery_ms(&events, back, u64::MAX);
-    eprintln!("killed 3 s: degraded mode ended {rec} ms after Redis restarted");
-    assert!(rec <= 1000, "still degraded {rec} ms after restart");
+    // With `appendfsync always` a disk hiccup can stall Redis for a moment later on: that is a
+    // new (short) episode. What counts here is when each replica's outage episode ended: its
+    // first answer from the store after the restart.
+    let rec = (0..REPLICAS as usize)
+        .map(|g| {
+            events
+                .iter()
+                .filter(|e| e.gateway == g && e.start_ms >= back && e.status == 200)
+                .filter(|e| matches!(e.op, Op::Enter | Op::Poll) && !e.degraded)
+                .map(|e| e.end_ms.saturating_sub(back))
+                .min()
+                .unwrap_or(u64::MAX)
+        })
+        .max()
+        .unwrap();
+    let after: Vec<&Event> = events.iter().filter(|e| e.start_ms >= back + rec).collect();
+    let later = after.iter().filter(|e| e.degraded).count();
+    eprintln!(
+        "killed 3 s: every replica answered from Redis again {rec} ms after it restarted; {later} of {} later answers degraded",
+        after.len()
+    );
+    assert!(
+        rec <= 1000,
+        "still degraded {rec} ms after restart (restarted at {back})\n{}\n{}",
+        s.gws[0].log(),
+        s.gws[1].log()
+    );
+    assert!(
+        later * 20 <= after.len(),
+        "{later} of {} degraded after recovery",
+        after.len()
+    );
     assert!(degraded_between(&events, 0, back) > 0);
     assert_kept(&s, &events, "kill/restart", 0);
 }
 
 #[test]
 fn client_kill_under_load() {
+    let _serial = serial();
     let s = sale(RedisServer::start());
     let load = s.load();
     run_for(1000);
@@ -236,6 +276,7 @@ fn client_kill_under_load() {
 
 #[test]
 fn out_of_memory_under_load_refuses_new_users_and_keeps_the_queue_moving() {
+    let _serial = serial();
     let s = sale(RedisServer::start());
     let load = s.load();
     run_for(1500);
@@ -300,6 +341,7 @@ fn out_of_memory_under_load_refuses_new_users_and_keeps_the_queue_moving() {
 
 #[test]
 fn stats_flood_leaves_enter_and_poll_alone() {
+    let _serial = serial();
     let s = sale(RedisServer::start());
     // A busy sale's full wait-sample list: sorting it was the cost of every stats call.
     let key = "queue:{LIMITED_DROP:42}:waits";
@@ -367,6 +409,7 @@ fn stats_flood_leaves_enter_and_poll_alone() {
 
 #[test]
 fn replica_restarted_under_load_never_answers_before_its_store() {
+    let _serial = serial();
     let mut s = sale(RedisServer::start());
     let load = s.load();
     run_for(1500);
@@ -404,6 +447,7 @@ fn replica_restarted_under_load_never_answers_before_its_store() {
 
 #[test]
 fn a_replica_starting_during_an_outage_waits_then_paces() {
+    let _serial = serial();
     let redis = RedisServer::start();
     let up = Upstream::start();
     redis.pause();
@@ -445,6 +489,7 @@ fn metric(text: &str, series: &str) -> u64 {
 
 #[test]
 fn a_replica_that_stops_registering_lowers_the_pump_batch_by_its_share() {
+    let _serial = serial();
     let s = sale(RedisServer::start());
     // Replica 1 stops (as if cut off from Redis, it may be pacing its share on its own).
     s.gws[1].signal("STOP");
