@@ -98,20 +98,7 @@ fn flag(action: FlagAction) -> ExitCode {
         None => ops::show(&config),
         Some(change) => ops::set(&config, &change),
     };
-    match result {
-        Ok(out) => {
-            println!("{}", out.trim_end());
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("vq-gateway: {e}");
-            let code = match e {
-                OpsError::NotRedis | OpsError::Usage(_) => EXIT_CONFIG,
-                OpsError::Unreachable(..) | OpsError::Store(_) => EXIT_START,
-            };
-            ExitCode::from(code)
-        }
-    }
+    report(result)
 }
 
 fn target(action: TargetAction) -> ExitCode {
@@ -127,7 +114,12 @@ fn target(action: TargetAction) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    match ops::target(&config, change) {
+    report(ops::target(&config, change))
+}
+
+/// Prints an ops command's output, or its error with the exit code it deserves.
+fn report(result: Result<String, OpsError>) -> ExitCode {
+    match result {
         Ok(out) => {
             println!("{}", out.trim_end());
             ExitCode::SUCCESS

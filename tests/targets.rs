@@ -21,6 +21,18 @@ fn enter(gw: &GatewayProc, target: u64, user: u64) -> Response {
         .unwrap()
 }
 
+/// User 7 buys in sale LIMITED_DROP:2, without an entry token.
+fn buy(gw: &GatewayProc) -> Response {
+    gw.client()
+        .request(
+            "POST",
+            "/limited-drops/2/orders",
+            &[("X-User-Id", "7")],
+            b"{}",
+        )
+        .unwrap()
+}
+
 fn gateway(
     redis: Option<&RedisServer>,
     tweak: impl Fn(&mut ConfigFile),
@@ -141,15 +153,7 @@ fn only_registered_sales_have_a_queue() {
         0
     );
     // An unregistered sale's purchase is not gated (`unregistered_gated = "pass"`).
-    let r = gw
-        .client()
-        .request(
-            "POST",
-            "/limited-drops/2/orders",
-            &[("X-User-Id", "7")],
-            b"{}",
-        )
-        .unwrap();
+    let r = buy(&gw);
     assert_eq!(r.status, 200);
     assert_eq!(up.count(), 1);
     // Ops register it at run time; every instance follows within a couple of seconds.
@@ -166,15 +170,7 @@ fn only_registered_sales_have_a_queue() {
         .status
         == 200));
     // Now its purchases need a token.
-    let r = gw
-        .client()
-        .request(
-            "POST",
-            "/limited-drops/2/orders",
-            &[("X-User-Id", "7")],
-            b"{}",
-        )
-        .unwrap();
+    let r = buy(&gw);
     assert_eq!(r.status, 403);
     let (code, _, _) = run_bin(
         &["target", "remove", "--config", cfg, "LIMITED_DROP:2"],
@@ -199,15 +195,7 @@ fn unregistered_purchases_are_refused_by_default() {
         c.queue.targets = "registered".into();
         c.queue.registered = vec!["LIMITED_DROP:1".into()];
     });
-    let r = gw
-        .client()
-        .request(
-            "POST",
-            "/limited-drops/2/orders",
-            &[("X-User-Id", "7")],
-            b"{}",
-        )
-        .unwrap();
+    let r = buy(&gw);
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["code"], "UNKNOWN_TARGET");
     assert_eq!(up.count(), 0);
@@ -231,15 +219,7 @@ fn registered_sales_are_never_let_through_before_their_list_was_read() {
         c.queue.unregistered_gated = "pass".into();
         c.store.startup_wait_ms = 300;
     });
-    let r = gw
-        .client()
-        .request(
-            "POST",
-            "/limited-drops/2/orders",
-            &[("X-User-Id", "7")],
-            b"{}",
-        )
-        .unwrap();
+    let r = buy(&gw);
     assert_eq!(r.status, 503);
     assert_eq!(enter(&gw, 2, 7).status, 503);
     assert_eq!(up.count(), 0);
@@ -250,15 +230,7 @@ fn registered_sales_are_never_let_through_before_their_list_was_read() {
     assert!(wait_until(Duration::from_secs(5), || enter(&gw, 2, 7)
         .status
         == 200));
-    let r = gw
-        .client()
-        .request(
-            "POST",
-            "/limited-drops/2/orders",
-            &[("X-User-Id", "7")],
-            b"{}",
-        )
-        .unwrap();
+    let r = buy(&gw);
     assert_eq!(r.status, 403, "a registered sale needs a token");
     assert_eq!(up.count(), 0);
 }
