@@ -1,6 +1,8 @@
 //! vq-gateway: a virtual waiting room sidecar on Pingora.
 //!
 //! # Layout
+//! - `app`      — `AppState`, the shared state of a running gateway (built by `server`).
+//! - `clock`    — the one clock: wall time for requests, `Clock` (real or virtual) for the pump.
 //! - `config`   — TOML file → validated `Config` (SPEC §8).
 //! - `cli`      — `serve`, `check-config`, `flag show|set`.
 //! - `ops`      — the `flag` commands: read and write `queue:flag` in Redis.
@@ -20,7 +22,9 @@
 //!   the local single-use claims. No I/O.
 //! - `token`    — entry token mint/verify (HMAC-SHA256, SPEC §6). No I/O.
 //! - `flag`     — queue flag and rollout bucket evaluation (SPEC §7). No I/O.
-//! - `pump`     — admission pump background service: lock, advance, sweep (SPEC §5).
+//! - `pump`     — admission pump background service: lock, advance, sweep (SPEC §5). Depends on
+//!   `store`, `clock`, `failopen` and `metrics` only; `tests/simulation.rs` drives it in virtual
+//!   time.
 //! - `metrics`  — Prometheus registry and families (SPEC §10).
 //! - `error`    — `ApiError` → status + JSON body.
 //! - `logging`  — tracing subscriber (text or JSON).
@@ -36,7 +40,9 @@
 //! `upstream_peer` (the backend, resolved once) unchanged. `logging` records one line and the
 //! metrics per request.
 
+pub mod app;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod error;
 pub mod failopen;

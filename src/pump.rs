@@ -15,10 +15,12 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use crate::gateway::api::now;
-use crate::gateway::AppState;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::failopen::Pacer;
+use crate::metrics::Metrics;
 use crate::queue::{millis, QueueTarget};
-use crate::store::{AdvanceOutcome, QueueStore};
+use crate::store::{AdvanceOutcome, QueueStore, StoreGuard};
 
 /// An instance counts as live in the registry if it ticked within 3 ticks, and never less than
 /// this (short test ticks would otherwise drop live instances between two ticks).
@@ -39,8 +41,34 @@ pub struct TickReport {
     pub errors: usize,
 }
 
+/// What the pump needs of the configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct PumpConfig {
+    pub tick: Duration,
+    pub batch_size: std::num::NonZeroU32,
+    pub heartbeat_timeout: Duration,
+    pub max_evict_per_tick: std::num::NonZeroU32,
+}
+
+impl PumpConfig {
+    pub fn from_config(c: &Config) -> PumpConfig {
+        PumpConfig {
+            tick: c.tick,
+            batch_size: c.batch_size,
+            heartbeat_timeout: c.heartbeat_timeout,
+            max_evict_per_tick: c.max_evict_per_tick,
+        }
+    }
+}
+
+/// The pump works on the store, its configuration, the metrics, the fail-open pacer (it tells it
+/// the replica count) and a clock: nothing of HTTP, so a simulation drives it in virtual time.
 pub struct Pump {
-    state: Arc<AppState>,
+    store: Arc<StoreGuard>,
+    cfg: PumpConfig,
+    metrics: Metrics,
+    pacer: Arc<Pacer>,
+    clock: Arc<dyn Clock>,
     instance: String,
     held: std::sync::Mutex<BTreeSet<QueueTarget>>,
     /// Targets this instance found with an empty queue at its last visit: empty twice in a row,
@@ -49,9 +77,19 @@ pub struct Pump {
 }
 
 impl Pump {
-    pub fn new(state: Arc<AppState>) -> Pump {
+    pub fn new(
+        store: Arc<StoreGuard>,
+        cfg: PumpConfig,
+        metrics: Metrics,
+        pacer: Arc<Pacer>,
+        clock: Arc<dyn Clock>,
+    ) -> Pump {
         Pump {
-            state,
+            store,
+            cfg,
+            metrics,
+            pacer,
+            clock,
             instance: instance_id(),
             held: Default::default(),
             empty: Default::default(),
@@ -59,17 +97,17 @@ impl Pump {
     }
 
     fn lock_ttl(&self) -> Duration {
-        self.state.config.tick.mul_f64(0.9)
+        self.cfg.tick.mul_f64(0.9)
     }
 
     fn min_interval(&self) -> Duration {
-        self.state.config.tick.mul_f64(0.95)
+        self.cfg.tick.mul_f64(0.95)
     }
 
     /// One pass over the active targets.
     pub async fn tick(&self) -> TickReport {
         let mut report = TickReport::default();
-        let store = &self.state.store;
+        let store = &self.store;
         if !store.started() {
             return report;
         }
@@ -83,27 +121,26 @@ impl Pump {
             Ok(n) => {
                 // The pacer divides by every replica seen recently: one that died lately makes
                 // each share smaller (fewer admissions), never larger.
-                self.state.pacer.set_replicas(n.recent.max(n.live));
-                self.state.metrics.replicas.set(i64::from(n.live));
+                self.pacer.set_replicas(n.recent.max(n.live));
+                self.metrics.replicas.set(i64::from(n.live));
                 let missing = n.recent.saturating_sub(n.live);
-                let share = self.state.pacer.share_of(n.recent);
-                self.state
-                    .config
+                let share = self.pacer.share_of(n.recent);
+                self.cfg
                     .batch_size
                     .get()
                     .saturating_sub(missing.saturating_mul(share))
             }
-            Err(_) => self.state.config.batch_size.get(),
+            Err(_) => self.cfg.batch_size.get(),
         };
         // Failures are counted (and logged once per outage) by the store guard.
-        let targets = match store.active_targets(now()).await {
+        let targets = match store.active_targets(self.clock.now()).await {
             Ok(t) => t,
             Err(_) => {
                 report.errors += 1;
                 return report;
             }
         };
-        self.state.pacer.set_known(&targets);
+        self.pacer.set_known(&targets);
         report.targets = targets.len();
         let previous = self.held.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut held = BTreeSet::new();
@@ -122,11 +159,11 @@ impl Pump {
             }
         }
         report.led = held.len();
-        self.state.metrics.leader.set(held.len() as i64);
+        self.metrics.leader.set(held.len() as i64);
         // Another instance leads these now: its gauge is the current one, ours is stale.
         for gone in previous.difference(&held) {
-            let label = self.state.metrics.targets.label(*gone);
-            let _ = self.state.metrics.length.remove_label_values(&[&label]);
+            let label = self.metrics.targets.label(*gone);
+            let _ = self.metrics.length.remove_label_values(&[&label]);
         }
         *self.held.lock().unwrap_or_else(|p| p.into_inner()) = held;
         report
@@ -139,8 +176,8 @@ impl Pump {
         batch: u32,
         report: &mut TickReport,
     ) -> Result<bool, crate::store::StoreError> {
-        let store = &self.state.store;
-        let cfg = &self.state.config;
+        let store = &self.store;
+        let cfg = &self.cfg;
         if !store
             .try_lock(target, &self.instance, self.lock_ttl())
             .await?
@@ -152,39 +189,43 @@ impl Pump {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(target);
-        let label = self.state.metrics.targets.label(target);
+        let label = self.metrics.targets.label(target);
         if batch == 0 {
             // Every admission of this tick is with replicas that may be pacing on their own.
             return Ok(true);
         }
         let mut adv = store
-            .advance(target, batch, self.min_interval(), now())
+            .advance(target, batch, self.min_interval(), self.clock.now())
             .await?;
         // This tick fired a little earlier after the last advance than the one before it (timer
         // jitter, another instance led last time): wait out the rest of the guard, once, while
         // the lock is still ours, instead of losing the whole tick. The script still decides.
         let retry = Duration::from_millis(adv.retry_in_ms);
         if adv.outcome == AdvanceOutcome::Guarded && retry <= cfg.tick / 4 {
-            tokio::time::sleep(retry + Duration::from_millis(1)).await;
+            self.clock.sleep(retry + Duration::from_millis(1)).await;
             adv = store
-                .advance(target, batch, self.min_interval(), now())
+                .advance(target, batch, self.min_interval(), self.clock.now())
                 .await?;
         }
         if adv.outcome == AdvanceOutcome::Advanced {
             report.advanced += 1;
             report.admitted += adv.admitted_now;
-            self.state
-                .metrics
+            self.metrics
                 .admitted
                 .with_label_values(&[&label])
                 .inc_by(adv.admitted_now);
         }
-        let cutoff = self.sweep_cutoff(now().epoch_ms);
+        let cutoff = self.sweep_cutoff(self.clock.now().epoch_ms);
         let evicted = store
-            .sweep(target, cutoff, cfg.max_evict_per_tick.get(), now())
+            .sweep(
+                target,
+                cutoff,
+                cfg.max_evict_per_tick.get(),
+                self.clock.now(),
+            )
             .await?;
         report.evicted += evicted;
-        let m = &self.state.metrics;
+        let m = &self.metrics;
         m.evicted.with_label_values(&[&label]).inc_by(evicted);
         let remaining = adv.waiting.saturating_sub(evicted);
         m.length
@@ -213,13 +254,13 @@ impl Pump {
     /// Heartbeats at or before this are stale. Users could not heartbeat while the store was
     /// down, so an outage that ended less than a heartbeat timeout ago is not held against them.
     fn sweep_cutoff(&self, now_ms: u64) -> u64 {
-        let timeout = millis(self.state.config.heartbeat_timeout);
-        let credit = self.state.store.outage_credit_ms(now_ms, timeout);
+        let timeout = millis(self.cfg.heartbeat_timeout);
+        let credit = self.store.outage_credit_ms(now_ms, timeout);
         now_ms.saturating_sub(timeout).saturating_sub(credit)
     }
 
     fn live_window(&self) -> Duration {
-        self.state.config.tick.mul_f64(3.0).max(REGISTRY_MIN_WINDOW)
+        self.cfg.tick.mul_f64(3.0).max(REGISTRY_MIN_WINDOW)
     }
 
     /// Releases the locks this instance holds, so another instance takes over at its next tick.
@@ -232,15 +273,14 @@ impl Pump {
             .copied()
             .collect();
         for target in held {
-            let _ = self.state.store.unlock(target, &self.instance).await;
+            let _ = self.store.unlock(target, &self.instance).await;
         }
     }
 }
 
-/// Time until the next multiple of `tick` since the epoch.
-fn until_next_tick(tick: Duration) -> Duration {
+/// Time from `now_ms` until the next multiple of `tick` since the epoch.
+fn until_next_tick(tick: Duration, now_ms: u64) -> Duration {
     let tick_ms = millis(tick).max(1);
-    let now_ms = now().epoch_ms;
     Duration::from_millis(tick_ms - now_ms % tick_ms)
 }
 
@@ -254,9 +294,9 @@ fn instance_id() -> String {
 #[async_trait]
 impl BackgroundService for Pump {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        tracing::info!(instance = %self.instance, tick_ms = millis(self.state.config.tick), "admission pump started");
+        tracing::info!(instance = %self.instance, tick_ms = millis(self.cfg.tick), "admission pump started");
         loop {
-            let wait = until_next_tick(self.state.config.tick);
+            let wait = until_next_tick(self.cfg.tick, self.clock.now().epoch_ms);
             tokio::select! {
                 _ = shutdown.changed() => break,
                 _ = tokio::time::sleep(wait) => {}
@@ -273,7 +313,6 @@ impl BackgroundService for Pump {
         let _ = tokio::time::timeout(Duration::from_secs(1), self.release()).await;
         // A clean shutdown leaves the registry, so the others do not count this one as cut off.
         let _ = self
-            .state
             .store
             .register_instance(&self.instance, self.live_window(), REGISTRY_RECENT, true)
             .await;
@@ -288,9 +327,10 @@ mod tests {
     #[test]
     fn next_tick_is_within_one_tick() {
         let tick = Duration::from_millis(200);
-        for _ in 0..10 {
-            let w = until_next_tick(tick);
+        for now in [0, 1, 199, 200, 1_234_567] {
+            let w = until_next_tick(tick, now);
             assert!(w > Duration::ZERO && w <= tick, "{w:?}");
+            assert_eq!((now + millis(w)) % 200, 0);
         }
     }
 

@@ -358,7 +358,13 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
 
     server.add_service(background_service(
         "admission pump",
-        crate::pump::Pump::new(state.clone()),
+        crate::pump::Pump::new(
+            state.store.clone(),
+            crate::pump::PumpConfig::from_config(&state.config),
+            state.metrics.clone(),
+            state.pacer.clone(),
+            Arc::new(crate::clock::SystemClock),
+        ),
     ));
 
     if let Some(store) = redis_store {

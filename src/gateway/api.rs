@@ -6,13 +6,13 @@
 //! is not an outage: new enters get 429, everything else goes on. Stats answer from a
 //! per-replica cache, or 503 when there is nothing honest to report.
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use http::HeaderMap;
 
 use super::route::{ApiCall, RouteClass};
 use super::stats::Lookup;
-use super::AppState;
+use crate::app::AppState;
 use crate::error::ApiError;
 use crate::failopen::FailOpenMode;
 use crate::identity::IdentityError;
@@ -99,13 +99,7 @@ pub fn user_id(state: &AppState, headers: &HeaderMap) -> Result<u64, ApiError> {
     }
 }
 
-pub fn now() -> Now {
-    let epoch_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(crate::queue::millis)
-        .unwrap_or(0);
-    Now { epoch_ms }
-}
+pub use crate::clock::now;
 
 pub async fn handle(state: &AppState, call: ApiCall, headers: &HeaderMap) -> Reply {
     match state.registry.standing(call.target) {

@@ -23,7 +23,6 @@ pub mod path;
 pub mod route;
 pub mod stats;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,89 +33,12 @@ use pingora::prelude::{HttpPeer, ProxyHttp, Session};
 use pingora::proxy::FailToProxy;
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
-use crate::config::Config;
 use crate::error::ApiError;
-use crate::failopen::{LocalClaims, Pacer};
-use crate::flag::Flag;
-use crate::metrics::Metrics;
-use crate::queue::QueueTarget;
-use crate::store::{GuardConfig, QueueStore, StoreGuard};
-use crate::token::TokenKeys;
+use crate::store::QueueStore;
 use api::Reply;
 use route::RouteClass;
 
-/// Everything a request may need, shared by all requests and the background services.
-pub struct AppState {
-    pub config: Config,
-    pub upstream: SocketAddr,
-    /// The store behind its guard (deadlines, breaker, in-flight limits, health).
-    pub store: Arc<StoreGuard>,
-    pub keys: TokenKeys,
-    pub flag: Flag,
-    pub metrics: Metrics,
-    /// The paced fail-open budget (`failopen.rs`).
-    pub pacer: Pacer,
-    /// Single-use claims taken while the store could not record them.
-    pub claims: LocalClaims,
-    /// Who the user is (`[identity]`).
-    pub identity: crate::identity::Identity,
-    /// Which targets may have a queue (`queue.targets`).
-    pub registry: crate::registry::Registry,
-    pub stats_cache: stats::StatsCache,
-}
-
-impl AppState {
-    pub fn new(
-        config: Config,
-        upstream: SocketAddr,
-        store: Arc<dyn QueueStore>,
-        keys: TokenKeys,
-        flag: Flag,
-        metrics: Metrics,
-        identity: crate::identity::Identity,
-    ) -> AppState {
-        let guard = StoreGuard::new(
-            store,
-            GuardConfig {
-                timeout: config.command_timeout,
-                max_in_flight: config.store_max_in_flight,
-            },
-            metrics.clone(),
-        );
-        let pacer = Pacer::new(
-            crate::queue::millis(config.tick),
-            config.batch_size.get(),
-            config.fail_open_min_replicas,
-            config.fail_open_max_replicas,
-        );
-        let registry = crate::registry::Registry::new(
-            config.targets_mode,
-            config.unregistered_gated,
-            config.registered_targets.clone(),
-        );
-        AppState {
-            config,
-            upstream,
-            store: Arc::new(guard),
-            keys,
-            flag,
-            metrics,
-            pacer,
-            claims: LocalClaims::default(),
-            identity,
-            registry,
-            stats_cache: Default::default(),
-        }
-    }
-
-    pub fn count_token(&self, target: QueueTarget, event: &str) {
-        let label = self.metrics.targets.label(target);
-        self.metrics
-            .tokens
-            .with_label_values(&[&label, event])
-            .inc();
-    }
-}
+pub use crate::app::AppState;
 
 /// Per-request context.
 pub struct RequestCtx {

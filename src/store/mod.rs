@@ -188,7 +188,7 @@ pub trait QueueStore: Send + Sync + 'static {
         true
     }
 
-    /// Targets the pump should visit; targets whose keys expired are dropped from the set.
+    /// Targets the pump should visit (the pump retires those it finds empty twice).
     async fn active_targets(&self, now: Now) -> Result<Vec<QueueTarget>, StoreError>;
 
     /// Takes a target whose queue stayed empty off the active set, so it no longer counts
