@@ -405,12 +405,15 @@ impl QueueStore for MemoryStore {
                 let p95 = waits.get(idx).copied().unwrap_or(0);
                 (sum as f64 / n as f64 / 1000.0, p95 as f64 / 1000.0)
             };
+            // Three decimals, rounded as `stats.lua` formats them (`%.3f`), so both stores give
+            // the same answer (the differential test compares them).
+            let three = |x: f64| format!("{x:.3}").parse::<f64>().unwrap_or(x);
             QueueStats {
                 waiting_count: t.waiting.len() as u64,
                 admitted_count: t.admitted_count,
-                admission_rate_per_sec: rate,
-                avg_wait_seconds: avg,
-                p95_wait_seconds: p95,
+                admission_rate_per_sec: three(rate),
+                avg_wait_seconds: three(avg),
+                p95_wait_seconds: three(p95),
             }
         })
     }

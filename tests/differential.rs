@@ -1,0 +1,201 @@
+//! One queue semantics: random sequences of enter, poll, leave, advance, sweep, stats, claims
+//! and clock steps run against `MemoryStore` (the executable model) and `RedisStore` (the Lua
+//! scripts on a real `redis-server`), and every reply must be the same.
+//!
+//! Where the two differ by design, the comparison says so instead of hiding it:
+//! - the tick guard: the scripts time it with Redis' own clock (so instances agree), the memory
+//!   store with the caller's; the sequences run with the guard off (`min_interval` 0), and the
+//!   guard is tested on its own in `store_contract.rs` and `pump.rs`;
+//! - wait statistics: Redis keeps sparse enter-time checkpoints (over-estimating a wait by under
+//!   a second), memory the exact times; and the admission rate is sampled on Redis' clock. Stats
+//!   compare the counts exactly and the waits within that second;
+//! - the cap on open queues: Redis frees a slot when the pump retires an empty target, memory at
+//!   once; `targets.rs` tests both end to end, so the sequences run without a binding cap.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::RedisServer;
+use proptest::prelude::*;
+use proptest::test_runner::{Config as RunnerConfig, TestCaseError, TestRunner};
+use vq_gateway::queue::{QueueTarget, TargetType};
+use vq_gateway::store::{MemoryStore, Now, QueueStore, RedisStore, TokenCandidate};
+
+const CAPACITY: u64 = 6;
+const BASE_MS: u64 = 1_900_000_000_000;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Enter { target: u64, user: u64 },
+    Poll { target: u64, user: u64 },
+    Leave { target: u64, user: u64 },
+    Advance { target: u64, batch: u32 },
+    Sweep { target: u64, age_ms: u64, max: u32 },
+    Stats { target: u64 },
+    Claim { target: u64, token: u8 },
+    Release { target: u64, token: u8 },
+    Step { ms: u64 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let target = 1u64..=2;
+    let user = 1u64..=8;
+    prop_oneof![
+        4 => (target.clone(), user.clone()).prop_map(|(target, user)| Op::Enter { target, user }),
+        4 => (target.clone(), user.clone()).prop_map(|(target, user)| Op::Poll { target, user }),
+        1 => (target.clone(), user).prop_map(|(target, user)| Op::Leave { target, user }),
+        2 => (target.clone(), 1u32..=3).prop_map(|(target, batch)| Op::Advance { target, batch }),
+        1 => (target.clone(), 0u64..4_000, 1u32..=3)
+            .prop_map(|(target, age_ms, max)| Op::Sweep { target, age_ms, max }),
+        1 => target.clone().prop_map(|target| Op::Stats { target }),
+        1 => (target.clone(), 0u8..3).prop_map(|(target, token)| Op::Claim { target, token }),
+        1 => (target, 0u8..3).prop_map(|(target, token)| Op::Release { target, token }),
+        2 => (0u64..2_500).prop_map(|ms| Op::Step { ms }),
+    ]
+}
+
+fn target(id: u64) -> QueueTarget {
+    QueueTarget::new(TargetType::LimitedDrop, id)
+}
+
+/// One op on one store, its reply rendered for comparison.
+async fn apply(s: &dyn QueueStore, op: &Op, now: Now) -> String {
+    match *op {
+        Op::Enter { target: t, user } => {
+            format!(
+                "{:?}",
+                s.enter(target(t), user, now, CAPACITY).await.unwrap()
+            )
+        }
+        Op::Poll { target: t, user } => {
+            let c = TokenCandidate {
+                token: format!("tok-{t}-{user}-{}", now.epoch_ms),
+                expires_at: now.epoch_ms / 1000 + 600,
+            };
+            let reply = s.poll(target(t), user, now, &c).await.unwrap();
+            // The wait reported on admission is checkpointed in Redis: compared in stats.
+            match reply {
+                vq_gateway::store::PollOutcome::Admitted {
+                    token, expires_at, ..
+                } => format!("Admitted {{ token: {token:?}, expires_at: {expires_at} }}"),
+                other => format!("{other:?}"),
+            }
+        }
+        Op::Leave { target: t, user } => {
+            format!("{:?}", s.leave(target(t), user).await.unwrap())
+        }
+        Op::Advance { target: t, batch } => {
+            let a = s
+                .advance(target(t), batch, Duration::ZERO, now)
+                .await
+                .unwrap();
+            format!(
+                "{:?} mark {} admitted {} waiting {}",
+                a.outcome, a.admitted_count, a.admitted_now, a.waiting
+            )
+        }
+        Op::Sweep {
+            target: t,
+            age_ms,
+            max,
+        } => {
+            let cutoff = now.epoch_ms.saturating_sub(age_ms);
+            format!("{:?}", s.sweep(target(t), cutoff, max, now).await.unwrap())
+        }
+        Op::Stats { target: t } => {
+            let st = s.stats(target(t), now).await.unwrap();
+            format!(
+                "waiting {} admitted {}",
+                st.waiting_count, st.admitted_count
+            )
+        }
+        Op::Claim { target: t, token } => {
+            let ttl = Duration::from_secs(600);
+            format!(
+                "{:?}",
+                s.claim(target(t), &format!("c{token}"), ttl, now)
+                    .await
+                    .unwrap()
+            )
+        }
+        Op::Release { target: t, token } => {
+            format!(
+                "{:?}",
+                s.release(target(t), &format!("c{token}")).await.unwrap()
+            )
+        }
+        Op::Step { .. } => String::new(),
+    }
+}
+
+/// Waits agree within the checkpoint resolution (Redis over-estimates by under a second).
+async fn compare_waits(memory: &dyn QueueStore, redis: &dyn QueueStore, now: Now) {
+    for t in 1..=2 {
+        let m = memory.stats(target(t), now).await.unwrap();
+        let r = redis.stats(target(t), now).await.unwrap();
+        assert!(
+            r.avg_wait_seconds >= m.avg_wait_seconds - 1e-9
+                && r.avg_wait_seconds <= m.avg_wait_seconds + 1.0 + 1e-9,
+            "avg wait: memory {m:?}, redis {r:?}"
+        );
+        assert!(
+            r.p95_wait_seconds <= m.p95_wait_seconds + 1.0 + 1e-9,
+            "p95 wait: memory {m:?}, redis {r:?}"
+        );
+    }
+}
+
+async fn run(ops: &[Op], redis: &RedisServer, store: &dyn QueueStore) -> Result<(), TestCaseError> {
+    redis.cmd(&["FLUSHALL"]);
+    let memory = MemoryStore::new();
+    let mut now_ms = BASE_MS;
+    for (i, op) in ops.iter().enumerate() {
+        if let Op::Step { ms } = op {
+            now_ms += ms;
+            continue;
+        }
+        let now = Now { epoch_ms: now_ms };
+        let m = apply(&memory, op, now).await;
+        let r = apply(store, op, now).await;
+        prop_assert_eq!(&m, &r, "op {} {:?} after {:?}", i, op, &ops[..i]);
+    }
+    compare_waits(&memory, store, Now { epoch_ms: now_ms }).await;
+    Ok(())
+}
+
+#[test]
+fn memory_and_redis_give_the_same_replies() {
+    let redis = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store: Arc<RedisStore> = rt.block_on(async {
+        let s = Arc::new(
+            RedisStore::new(&redis.url(), Duration::from_secs(2))
+                .unwrap()
+                .with_max_targets(1_000),
+        );
+        assert!(s.connect(Duration::from_secs(5)).await);
+        s
+    });
+    let cases: u32 = std::env::var("DIFFERENTIAL_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000);
+    let mut runner = TestRunner::new(RunnerConfig {
+        cases,
+        failure_persistence: None,
+        ..RunnerConfig::default()
+    });
+    let result = runner.run(&prop::collection::vec(op(), 1..40), |ops| {
+        rt.block_on(run(&ops, &redis, store.as_ref()))
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
