@@ -18,9 +18,9 @@
 //!
 //! No I/O: the caller passes the clock.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
 
 use crate::queue::QueueTarget;
 
@@ -129,7 +129,7 @@ impl Pacer {
     /// Records the targets the pump found with a queue (they keep a budget whatever else fills
     /// the table).
     pub fn set_known(&self, targets: &[QueueTarget]) {
-        let mut b = self.budgets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut b = self.budgets.lock();
         b.known = targets.iter().copied().take(MAX_PACED_TARGETS).collect();
     }
 
@@ -142,7 +142,7 @@ impl Pacer {
             return false;
         }
         let share = self.share() as usize;
-        let mut guard = self.budgets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.budgets.lock();
         let budgets = &mut *guard;
         let table = &mut budgets.per_target;
         if !table.contains_key(&target) && table.len() >= MAX_PACED_TARGETS {
@@ -217,7 +217,7 @@ pub enum LocalClaim {
 
 impl LocalClaims {
     pub fn claim(&self, target: QueueTarget, id: &str, expires_at: u64, now_s: u64) -> LocalClaim {
-        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = self.inner.lock();
         let key = (target, id.to_string());
         if c.claims.get(&key).is_some_and(|exp| *exp > now_s) {
             return LocalClaim::AlreadyUsed;
@@ -239,14 +239,14 @@ impl LocalClaims {
 
     /// Gives a local claim back (the backend did not process the request).
     pub fn release(&self, target: QueueTarget, id: &str) {
-        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = self.inner.lock();
         c.claims.remove(&(target, id.to_string()));
         c.pending.retain(|(t, i, _)| !(*t == target && i == id));
     }
 
     /// Whether `id` is claimed locally (and unexpired).
     pub fn contains(&self, target: QueueTarget, id: &str, now_s: u64) -> bool {
-        let c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let c = self.inner.lock();
         c.claims
             .get(&(target, id.to_string()))
             .is_some_and(|exp| *exp > now_s)
@@ -254,7 +254,7 @@ impl LocalClaims {
 
     /// Takes the claims still to be written to the store (unexpired ones only).
     pub fn take_pending(&self, now_s: u64) -> Vec<(QueueTarget, String, u64)> {
-        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = self.inner.lock();
         let mut out = std::mem::take(&mut c.pending);
         out.retain(|(_, _, exp)| *exp > now_s);
         out
@@ -262,12 +262,12 @@ impl LocalClaims {
 
     /// Puts back claims that could not be written yet.
     pub fn restore_pending(&self, claims: Vec<(QueueTarget, String, u64)>) {
-        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = self.inner.lock();
         c.pending.extend(claims);
     }
 
     pub fn pending_len(&self) -> usize {
-        let c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let c = self.inner.lock();
         c.pending.len()
     }
 }

@@ -5,8 +5,8 @@
 //! This module does no I/O; the state is set from the TOML defaults and replaced by whoever reads
 //! the runtime overrides.
 
+use parking_lot::RwLock;
 use std::collections::HashMap;
-use std::sync::RwLock;
 
 use crate::queue::QueueTarget;
 
@@ -117,24 +117,15 @@ impl Flag {
     }
 
     pub fn queue_on(&self, target: QueueTarget, user: u64) -> bool {
-        match self.state.read() {
-            Ok(s) => s.queue_on(target, user),
-            Err(poisoned) => poisoned.into_inner().queue_on(target, user),
-        }
+        self.state.read().queue_on(target, user)
     }
 
     pub fn snapshot(&self) -> FlagState {
-        match self.state.read() {
-            Ok(s) => s.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        self.state.read().clone()
     }
 
     pub fn set(&self, next: FlagState) {
-        match self.state.write() {
-            Ok(mut s) => *s = next,
-            Err(poisoned) => *poisoned.into_inner() = next,
-        }
+        *self.state.write() = next;
     }
 }
 

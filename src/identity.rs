@@ -13,8 +13,8 @@
 //! when the file changes (checked every second by the store-independent `KeyWatcher`); a file
 //! that no longer parses keeps the previous keys and is logged.
 
+use parking_lot::RwLock;
 use std::path::PathBuf;
-use std::sync::RwLock;
 use std::time::SystemTime;
 
 use http::HeaderMap;
@@ -165,7 +165,7 @@ impl Identity {
             None => validation.validate_aud = false,
         }
         validation.set_required_spec_claims(&required);
-        let keys = self.keys.read().unwrap_or_else(|p| p.into_inner());
+        let keys = self.keys.read();
         let candidates = keys.keys.iter().filter(|k| {
             k.algorithm.is_none_or(|a| a == header.alg)
                 && match (&header.kid, &k.kid) {
@@ -190,23 +190,20 @@ impl Identity {
             KeySource::File(p) | KeySource::Jwks(p) => p,
         };
         let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-        let current = self.keys.read().unwrap_or_else(|p| p.into_inner()).modified;
+        let current = self.keys.read().modified;
         if modified.is_none() || modified == current {
             return false;
         }
         match load(cfg) {
             Ok(keys) => {
                 let n = keys.keys.len();
-                *self.keys.write().unwrap_or_else(|p| p.into_inner()) = keys;
+                *self.keys.write() = keys;
                 tracing::info!(path = %path.display(), keys = n, "identity keys reloaded");
                 true
             }
             Err(e) => {
                 // Keep the previous keys; do not try the same broken file again until it changes.
-                self.keys
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .modified = modified;
+                self.keys.write().modified = modified;
                 tracing::warn!(path = %path.display(), error = %e, "identity keys not reloaded; keeping the previous ones");
                 false
             }

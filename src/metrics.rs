@@ -246,14 +246,12 @@ pub const MAX_TARGET_LABELS: usize = 256;
 /// Hands out target label values (`LIMITED_DROP:42`), at most `MAX_TARGET_LABELS` distinct ones.
 #[derive(Debug, Default)]
 pub struct TargetLabels {
-    seen: std::sync::Mutex<std::collections::HashSet<crate::queue::QueueTarget>>,
+    seen: parking_lot::Mutex<std::collections::HashSet<crate::queue::QueueTarget>>,
 }
 
 impl TargetLabels {
     pub fn label(&self, target: crate::queue::QueueTarget) -> String {
-        let Ok(mut seen) = self.seen.lock() else {
-            return "other".into();
-        };
+        let mut seen = self.seen.lock();
         if seen.contains(&target) || seen.len() < MAX_TARGET_LABELS {
             seen.insert(target);
             target.to_string()

@@ -70,10 +70,10 @@ pub struct Pump {
     pacer: Arc<Pacer>,
     clock: Arc<dyn Clock>,
     instance: String,
-    held: std::sync::Mutex<BTreeSet<QueueTarget>>,
+    held: parking_lot::Mutex<BTreeSet<QueueTarget>>,
     /// Targets this instance found with an empty queue at its last visit: empty twice in a row,
     /// a target is retired from the active set (it stops counting against the cap).
-    empty: std::sync::Mutex<BTreeSet<QueueTarget>>,
+    empty: parking_lot::Mutex<BTreeSet<QueueTarget>>,
 }
 
 impl Pump {
@@ -142,7 +142,7 @@ impl Pump {
         };
         self.pacer.set_known(&targets);
         report.targets = targets.len();
-        let previous = self.held.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let previous = self.held.lock().clone();
         let mut held = BTreeSet::new();
         for target in targets {
             match self.visit(target, batch, &mut report).await {
@@ -165,7 +165,7 @@ impl Pump {
             let label = self.metrics.targets.label(*gone);
             let _ = self.metrics.length.remove_label_values(&[&label]);
         }
-        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = held;
+        *self.held.lock() = held;
         report
     }
 
@@ -185,10 +185,7 @@ impl Pump {
             return Ok(false);
         }
         // On the release list at once: a shutdown in the middle of this tick must give it back.
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(target);
+        self.held.lock().insert(target);
         let label = self.metrics.targets.label(target);
         if batch == 0 {
             // Every admission of this tick is with replicas that may be pacing on their own.
@@ -232,7 +229,7 @@ impl Pump {
             .with_label_values(&[&label])
             .set(i64::try_from(remaining).unwrap_or(i64::MAX));
         let retire = {
-            let mut empty = self.empty.lock().unwrap_or_else(|p| p.into_inner());
+            let mut empty = self.empty.lock();
             if remaining > 0 {
                 empty.remove(&target);
                 false
@@ -242,10 +239,7 @@ impl Pump {
         };
         if retire {
             store.retire_target(target).await?;
-            self.empty
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&target);
+            self.empty.lock().remove(&target);
             let _ = m.length.remove_label_values(&[&label]);
         }
         Ok(true)
@@ -265,13 +259,7 @@ impl Pump {
 
     /// Releases the locks this instance holds, so another instance takes over at its next tick.
     async fn release(&self) {
-        let held: Vec<QueueTarget> = self
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .copied()
-            .collect();
+        let held: Vec<QueueTarget> = self.held.lock().iter().copied().collect();
         for target in held {
             let _ = self.store.unlock(target, &self.instance).await;
         }

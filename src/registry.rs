@@ -8,8 +8,8 @@
 //!
 //! No I/O: the Redis service hands in what it read.
 
+use parking_lot::RwLock;
 use std::collections::HashSet;
-use std::sync::RwLock;
 
 use crate::queue::QueueTarget;
 
@@ -93,12 +93,7 @@ impl Registry {
         match self.mode {
             TargetsMode::Any => true,
             TargetsMode::Registered => {
-                self.configured.contains(&target)
-                    || self
-                        .dynamic
-                        .read()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .contains(&target)
+                self.configured.contains(&target) || self.dynamic.read().contains(&target)
             }
         }
     }
@@ -117,7 +112,7 @@ impl Registry {
                 None => bad.push(m.clone()),
             }
         }
-        *self.dynamic.write().unwrap_or_else(|p| p.into_inner()) = set;
+        *self.dynamic.write() = set;
         self.mark_loaded();
         bad
     }

@@ -6,8 +6,8 @@
 //!
 //! No I/O: the caller passes the clock and does the fetch.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::queue::{QueueStats, QueueTarget};
@@ -45,7 +45,7 @@ pub enum Lookup {
 
 impl StatsCache {
     pub fn lookup(&self, target: QueueTarget, now: Instant) -> Lookup {
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut entries = self.entries.lock();
         if !entries.contains_key(&target) && entries.len() >= MAX_TARGETS {
             entries.retain(|_, e| {
                 e.refreshing.is_some()
@@ -77,7 +77,7 @@ impl StatsCache {
 
     /// Records the outcome of a refresh (`None`: the store failed; the old answer stays).
     pub fn finish(&self, target: QueueTarget, fetched: Option<QueueStats>, now: Instant) {
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut entries = self.entries.lock();
         let e = entries.entry(target).or_default();
         e.refreshing = None;
         if let Some(s) = fetched {

@@ -18,7 +18,7 @@
 //!
 //! No I/O, no clock of its own: the caller passes `now`, so the logic is unit-tested here.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy)]
@@ -76,10 +76,7 @@ impl Breaker {
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
-        // A poisoned lock only means another thread panicked mid-update of a few integers; the
-        // state is still a valid one, so keep using it.
-        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut guard)
+        f(&mut self.state.lock())
     }
 
     pub fn admit(&self, now: Instant) -> Admit {

@@ -77,9 +77,9 @@ pub struct StoreGuard {
     stats: Semaphore,
     metrics: Metrics,
     down: AtomicBool,
-    down_since: std::sync::Mutex<Option<(Instant, u64)>>,
+    down_since: parking_lot::Mutex<Option<(Instant, u64)>>,
     /// The last outage of the request path: (start, end) in epoch ms.
-    last_outage: std::sync::Mutex<Option<(u64, u64)>>,
+    last_outage: parking_lot::Mutex<Option<(u64, u64)>>,
     last_ok_ms: AtomicU64,
     last_shed_log_ms: AtomicU64,
     reconnecting: Arc<AtomicBool>,
@@ -116,8 +116,8 @@ impl StoreGuard {
             cfg,
             metrics,
             down: AtomicBool::new(false),
-            down_since: std::sync::Mutex::new(None),
-            last_outage: std::sync::Mutex::new(None),
+            down_since: parking_lot::Mutex::new(None),
+            last_outage: parking_lot::Mutex::new(None),
             last_ok_ms: AtomicU64::new(0),
             last_shed_log_ms: AtomicU64::new(0),
             reconnecting: Arc::new(AtomicBool::new(false)),
@@ -149,11 +149,11 @@ impl StoreGuard {
     /// the last one if it ended less than `within_ms` ago (0 otherwise). The pump does not count
     /// that time against them.
     pub fn outage_credit_ms(&self, now_ms: u64, within_ms: u64) -> u64 {
-        let since = self.down_since.lock().unwrap_or_else(|p| p.into_inner());
+        let since = self.down_since.lock();
         if let Some((_, start)) = *since {
             return now_ms.saturating_sub(start);
         }
-        match *self.last_outage.lock().unwrap_or_else(|p| p.into_inner()) {
+        match *self.last_outage.lock() {
             Some((start, end)) if now_ms.saturating_sub(end) < within_ms => {
                 end.saturating_sub(start)
             }
@@ -247,11 +247,10 @@ impl StoreGuard {
         }
         self.breaker.success();
         // The latch, its gauge and the outage record change together, under one lock.
-        let mut since = self.down_since.lock().unwrap_or_else(|p| p.into_inner());
+        let mut since = self.down_since.lock();
         if self.down.swap(false, Ordering::Relaxed) {
             let (at, start_ms) = since.take().unwrap_or((Instant::now(), epoch_ms()));
-            *self.last_outage.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some((start_ms, epoch_ms()));
+            *self.last_outage.lock() = Some((start_ms, epoch_ms()));
             self.metrics.store_degraded.set(0);
             tracing::info!(
                 store = self.inner.kind(),
@@ -266,7 +265,7 @@ impl StoreGuard {
         if !matches!(class, Class::Request | Class::Gate) {
             return;
         }
-        let mut since = self.down_since.lock().unwrap_or_else(|p| p.into_inner());
+        let mut since = self.down_since.lock();
         if !self.down.swap(true, Ordering::Relaxed) {
             *since = Some((Instant::now(), epoch_ms()));
             self.metrics.store_degraded.set(1);

@@ -5,8 +5,8 @@
 //! Ranks come from a Fenwick tree over seqs (O(log n) per enter, poll and leave), since seqs are
 //! handed out in order and removals happen anywhere.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -186,13 +186,6 @@ impl TargetState {
     }
 }
 
-/// Locks one of the store's maps; a poisoned lock (a panic while held) is a store error, not a
-/// second panic.
-fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>, StoreError> {
-    m.lock()
-        .map_err(|_| StoreError::Protocol("memory store lock poisoned".into()))
-}
-
 /// Claims kept before expired ones are swept out on the next claim.
 const CLAIM_SWEEP_AT: usize = 10_000;
 
@@ -234,7 +227,7 @@ impl MemoryStore {
     /// targets have (an emptied or idle target does not count, as in Redis once the pump retired
     /// it).
     fn admits_target(&self, target: QueueTarget, now: Now) -> Result<bool, StoreError> {
-        let mut targets = lock(&self.targets)?;
+        let mut targets = self.targets.lock();
         if targets.get(&target).is_some_and(|t| !t.waiting.is_empty()) {
             return Ok(true);
         }
@@ -253,7 +246,7 @@ impl MemoryStore {
         now: Now,
         f: impl FnOnce(&mut TargetState) -> R,
     ) -> Result<R, StoreError> {
-        let mut targets = lock(&self.targets)?;
+        let mut targets = self.targets.lock();
         let expired = targets.get(&target).is_some_and(|t| {
             now.epoch_ms.saturating_sub(t.last_write_ms) > TARGET_KEY_TTL_SECS * 1000
         });
@@ -373,7 +366,7 @@ impl QueueStore for MemoryStore {
     }
 
     async fn leave(&self, target: QueueTarget, user: u64) -> Result<(), StoreError> {
-        let mut targets = lock(&self.targets)?;
+        let mut targets = self.targets.lock();
         if let Some(t) = targets.get_mut(&target) {
             t.remove_waiter(user);
             t.tokens.remove(&user);
@@ -423,7 +416,7 @@ impl QueueStore for MemoryStore {
     }
 
     async fn active_targets(&self, now: Now) -> Result<Vec<QueueTarget>, StoreError> {
-        let mut targets = lock(&self.targets)?;
+        let mut targets = self.targets.lock();
         targets.retain(|_, t| {
             now.epoch_ms.saturating_sub(t.last_write_ms) <= TARGET_KEY_TTL_SECS * 1000
         });
@@ -524,7 +517,7 @@ impl QueueStore for MemoryStore {
         ttl: Duration,
         now: Now,
     ) -> Result<bool, StoreError> {
-        let mut claims = lock(&self.claims)?;
+        let mut claims = self.claims.lock();
         if claims.len() >= CLAIM_SWEEP_AT {
             claims.retain(|_, exp| *exp > now.epoch_ms);
         }
@@ -540,7 +533,7 @@ impl QueueStore for MemoryStore {
     }
 
     async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError> {
-        let mut claims = lock(&self.claims)?;
+        let mut claims = self.claims.lock();
         claims.remove(&(target, token_id.to_string()));
         Ok(())
     }
@@ -602,7 +595,7 @@ mod tests {
                 s.leave(t, u).await.unwrap();
             }
             s.enter(t, 99_999, now, u64::MAX).await.unwrap();
-            let slots = s.targets.lock().unwrap()[&t].slots.len();
+            let slots = s.targets.lock()[&t].slots.len();
             assert!(slots < 2 * COMPACT_MIN, "{slots} slots for 2 waiting users");
             let c = TokenCandidate {
                 token: "x".into(),

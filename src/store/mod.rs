@@ -10,6 +10,7 @@ mod breaker;
 mod guard;
 mod memory;
 mod redis;
+mod replies;
 mod scripts;
 
 use async_trait::async_trait;

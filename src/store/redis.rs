@@ -11,8 +11,8 @@
 //! fred spawns its connection task on the runtime that calls `connect`, so `connect` is called
 //! from a Pingora background service whose runtime lives as long as the server.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -20,11 +20,11 @@ use fred::prelude::*;
 use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand};
 
-use super::scripts::{Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_KEY, REGISTERED_KEY};
+use super::replies::{self, as_u64, protocol, reply_array};
+use super::scripts::{Key, Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_KEY, REGISTERED_KEY};
 use super::{
-    Advance, AdvanceOutcome, EnterOutcome, Instances, Now, PollOutcome, QueueStore, StoreError,
-    TokenCandidate, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS,
-    WAIT_SAMPLES,
+    Advance, EnterOutcome, Instances, Now, PollOutcome, QueueStore, StoreError, TokenCandidate,
+    ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
 
@@ -279,10 +279,7 @@ impl RedisStore {
     /// perhaps in a Redis that restarted empty and lost `queue:active` with them.
     async fn register(&self, target: QueueTarget, fresh: bool) -> Result<(), StoreError> {
         let due = {
-            let mut seen = self
-                .registered
-                .lock()
-                .map_err(|_| StoreError::Protocol("registry lock poisoned".into()))?;
+            let mut seen = self.registered.lock();
             let now = Instant::now();
             if seen.len() > 2 * self.max_targets {
                 seen.retain(|_, at| now.duration_since(*at) < ACTIVE_REFRESH);
@@ -298,9 +295,7 @@ impl RedisStore {
         if due {
             // Through the cap like any new queue: re-adding never lets the count pass it.
             if let Err(e) = self.admits_target(target).await {
-                if let Ok(mut seen) = self.registered.lock() {
-                    seen.remove(&target);
-                }
+                self.registered.lock().remove(&target);
                 return Err(e);
             }
         }
@@ -316,61 +311,6 @@ fn store_err(e: Error) -> StoreError {
         StoreError::OutOfMemory
     } else {
         StoreError::Unavailable(e.details().to_string())
-    }
-}
-
-fn protocol(what: &str, v: &Value) -> StoreError {
-    StoreError::Protocol(format!("{what}: {v:?}"))
-}
-
-fn reply_array(v: Value, what: &str) -> Result<Vec<Value>, StoreError> {
-    match v {
-        Value::Array(items) => Ok(items),
-        other => Err(protocol(what, &other)),
-    }
-}
-
-fn as_u64(v: &Value, what: &str) -> Result<u64, StoreError> {
-    match v {
-        Value::Integer(i) => u64::try_from(*i).map_err(|_| protocol(what, v)),
-        _ => v
-            .as_str()
-            .and_then(|s| s.parse::<u64>().ok())
-            .ok_or_else(|| protocol(what, v)),
-    }
-}
-
-fn as_f64(v: &Value, what: &str) -> Result<f64, StoreError> {
-    v.as_str()
-        .and_then(|s| s.parse::<f64>().ok())
-        .ok_or_else(|| protocol(what, v))
-}
-
-fn tag(items: &[Value]) -> String {
-    items
-        .first()
-        .and_then(|v| v.as_str().map(|s| s.into_owned()))
-        .unwrap_or_default()
-}
-
-/// `expiresAt|token`, the stored token value.
-fn stored_token(v: Option<&Value>) -> Result<(String, u64), StoreError> {
-    let s = v
-        .and_then(|v| v.as_string())
-        .ok_or_else(|| StoreError::Protocol("token reply missing".into()))?;
-    let (exp, token) = s
-        .split_once('|')
-        .ok_or_else(|| StoreError::Protocol("stored token without expiry".into()))?;
-    let exp = exp
-        .parse::<u64>()
-        .map_err(|_| StoreError::Protocol("stored token expiry not a number".into()))?;
-    Ok((token.to_string(), exp))
-}
-
-fn waiting_reply(items: &[Value]) -> Result<(u64, u64), StoreError> {
-    match (items.get(1), items.get(2)) {
-        (Some(seq), Some(rank)) => Ok((as_u64(seq, "seq")?, as_u64(rank, "rank")?)),
-        _ => Err(StoreError::Protocol("short WAITING reply".into())),
     }
 }
 
@@ -399,20 +339,7 @@ impl QueueStore for RedisStore {
             capacity.to_string().into(),
             KEY_TTL_MS.to_string().into(),
         ];
-        let items = reply_array(self.eval(&self.scripts.enter, keys, argv).await?, "enter")?;
-        let outcome = match tag(&items).as_str() {
-            "WAITING" => {
-                let (seq, ahead) = waiting_reply(&items)?;
-                EnterOutcome::Waiting { seq, ahead }
-            }
-            "ADMITTED" => {
-                let (token, expires_at) = stored_token(items.get(1))?;
-                EnterOutcome::Admitted { token, expires_at }
-            }
-            "FULL" => EnterOutcome::Full,
-            _ => return Err(StoreError::Protocol("unknown enter reply".into())),
-        };
-        Ok(outcome)
+        replies::enter(self.eval(&self.scripts.enter, keys, argv).await?)
     }
 
     async fn poll(
@@ -435,34 +362,24 @@ impl QueueStore for RedisStore {
             KEY_TTL_MS.to_string().into(),
             WAIT_SAMPLES.to_string().into(),
         ];
-        let items = reply_array(self.eval(&self.scripts.poll, keys, argv).await?, "poll")?;
-        match tag(&items).as_str() {
-            "WAITING" => {
-                let (seq, ahead) = waiting_reply(&items)?;
-                // Users wait here: keep the target on the pump's list (at most every 10 s per
-                // instance; it may have been retired as empty just before they entered).
-                if let Err(e) = self.register(target, false).await {
-                    tracing::debug!(%target, error = %e, "re-registering an active target failed");
-                }
-                Ok(PollOutcome::Waiting { seq, ahead })
+        let outcome = replies::poll(self.eval(&self.scripts.poll, keys, argv).await?)?;
+        if let PollOutcome::Waiting { .. } = outcome {
+            // Users wait here: keep the target on the pump's list (at most every 10 s per
+            // instance; it may have been retired as empty just before they entered).
+            if let Err(e) = self.register(target, false).await {
+                tracing::debug!(%target, error = %e, "re-registering an active target failed");
             }
-            "ADMITTED" => {
-                let (token, expires_at) = stored_token(items.get(1))?;
-                let waited_ms = items.get(2).and_then(|v| as_u64(v, "waited").ok());
-                Ok(PollOutcome::Admitted {
-                    token,
-                    expires_at,
-                    waited_ms,
-                })
-            }
-            "NONE" => Ok(PollOutcome::NotInQueue),
-            _ => Err(StoreError::Protocol("unknown poll reply".into())),
         }
+        Ok(outcome)
     }
 
     async fn leave(&self, target: QueueTarget, user: u64) -> Result<(), StoreError> {
         let k = TargetKeys::new(target);
-        let keys = vec![k.key("waiting"), k.key("heartbeat"), k.token(user)];
+        let keys = vec![
+            k.of(Key::Waiting),
+            k.of(Key::Heartbeat),
+            k.of(Key::Token(user)),
+        ];
         self.eval(&self.scripts.leave, keys, vec![user.to_string().into()])
             .await?;
         Ok(())
@@ -471,11 +388,11 @@ impl QueueStore for RedisStore {
     async fn stats(&self, target: QueueTarget, now: Now) -> Result<QueueStats, StoreError> {
         let k = TargetKeys::new(target);
         let keys = vec![
-            k.key("waiting"),
-            k.key("admitted_count"),
-            k.key("waits"),
-            k.key("advances"),
-            k.key("summary"),
+            k.of(Key::Waiting),
+            k.of(Key::AdmittedCount),
+            k.of(Key::Waits),
+            k.of(Key::Advances),
+            k.of(Key::Summary),
         ];
         let argv = vec![
             now.epoch_ms.to_string().into(),
@@ -483,19 +400,7 @@ impl QueueStore for RedisStore {
             STATS_SUMMARY_MAX_AGE_MS.to_string().into(),
             KEY_TTL_MS.to_string().into(),
         ];
-        let items = reply_array(self.eval(&self.scripts.stats, keys, argv).await?, "stats")?;
-        let get = |i: usize| {
-            items
-                .get(i)
-                .ok_or_else(|| StoreError::Protocol("short stats reply".into()))
-        };
-        Ok(QueueStats {
-            waiting_count: as_u64(get(0)?, "waitingCount")?,
-            admitted_count: as_u64(get(1)?, "admittedCount")?,
-            admission_rate_per_sec: as_f64(get(2)?, "rate")?,
-            avg_wait_seconds: as_f64(get(3)?, "avgWait")?,
-            p95_wait_seconds: as_f64(get(4)?, "p95Wait")?,
-        })
+        replies::stats(self.eval(&self.scripts.stats, keys, argv).await?)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -541,9 +446,7 @@ impl QueueStore for RedisStore {
         self.command("SREM", vec![ACTIVE_KEY.into(), target.to_string().into()])
             .await
             .map_err(store_err)?;
-        if let Ok(mut seen) = self.registered.lock() {
-            seen.remove(&target);
-        }
+        self.registered.lock().remove(&target);
         Ok(())
     }
 
@@ -553,12 +456,12 @@ impl QueueStore for RedisStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let key = TargetKeys::new(target).key("lock");
+        let key = TargetKeys::new(target).of(Key::Lock);
         self.set_nx_px(key, owner, ttl).await
     }
 
     async fn unlock(&self, target: QueueTarget, owner: &str) -> Result<(), StoreError> {
-        let key = TargetKeys::new(target).key("lock");
+        let key = TargetKeys::new(target).of(Key::Lock);
         self.eval(&self.scripts.unlock, vec![key], vec![owner.into()])
             .await?;
         Ok(())
@@ -578,27 +481,7 @@ impl QueueStore for RedisStore {
             KEY_TTL_MS.to_string().into(),
             ADVANCE_SAMPLES.to_string().into(),
         ];
-        let items = reply_array(
-            self.eval(&self.scripts.advance, keys, argv).await?,
-            "advance",
-        )?;
-        let outcome = match tag(&items).as_str() {
-            "ADVANCED" => AdvanceOutcome::Advanced,
-            "GUARDED" => AdvanceOutcome::Guarded,
-            "IDLE" => AdvanceOutcome::Idle,
-            _ => return Err(StoreError::Protocol("unknown advance reply".into())),
-        };
-        let num = |i: usize, what: &str| match items.get(i) {
-            Some(v) => as_u64(v, what),
-            None => Err(StoreError::Protocol("short advance reply".into())),
-        };
-        Ok(Advance {
-            outcome,
-            admitted_count: num(1, "mark")?,
-            admitted_now: num(2, "admitted")?,
-            waiting: num(3, "waiting")?,
-            retry_in_ms: items.get(4).map_or(Ok(0), |v| as_u64(v, "retry"))?,
-        })
+        replies::advance(self.eval(&self.scripts.advance, keys, argv).await?)
     }
 
     async fn sweep(
@@ -609,7 +492,7 @@ impl QueueStore for RedisStore {
         _now: Now,
     ) -> Result<u64, StoreError> {
         let k = TargetKeys::new(target);
-        let keys = vec![k.key("waiting"), k.key("heartbeat")];
+        let keys = vec![k.of(Key::Waiting), k.of(Key::Heartbeat)];
         let argv = vec![cutoff_ms.to_string().into(), max.to_string().into()];
         let reply = self.eval(&self.scripts.sweep, keys, argv).await?;
         as_u64(&reply, "evicted")
@@ -622,12 +505,12 @@ impl QueueStore for RedisStore {
         ttl: Duration,
         _now: Now,
     ) -> Result<bool, StoreError> {
-        let key = TargetKeys::new(target).key(&format!("used:{token_id}"));
+        let key = TargetKeys::new(target).of(Key::Used(token_id));
         self.set_nx_px(key, "1", ttl).await
     }
 
     async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError> {
-        let key = TargetKeys::new(target).key(&format!("used:{token_id}"));
+        let key = TargetKeys::new(target).of(Key::Used(token_id));
         self.command("DEL", vec![key.into()])
             .await
             .map_err(store_err)?;

@@ -79,6 +79,23 @@ pub const REGISTERED_KEY: &str = "queue:targets";
 /// The instance registry (`instances.lua`): live gateway replicas, for the fail-open pacer.
 pub const INSTANCES_KEY: &str = "queue:instances";
 
+/// Every per-target key (SPEC §9): one enum, rendered in one place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key<'a> {
+    Waiting,
+    Heartbeat,
+    Seq,
+    AdmittedCount,
+    SeqTime,
+    Waits,
+    Advances,
+    LastAdvance,
+    Lock,
+    Summary,
+    Token(u64),
+    Used(&'a str),
+}
+
 /// Key names of one target.
 #[derive(Debug, Clone)]
 pub struct TargetKeys {
@@ -92,42 +109,52 @@ impl TargetKeys {
         }
     }
 
-    pub fn key(&self, suffix: &str) -> String {
-        format!("{}{suffix}", self.prefix)
-    }
-
-    pub fn token(&self, user: u64) -> String {
-        format!("{}token:{user}", self.prefix)
+    pub fn of(&self, key: Key<'_>) -> String {
+        let p = &self.prefix;
+        match key {
+            Key::Waiting => format!("{p}waiting"),
+            Key::Heartbeat => format!("{p}heartbeat"),
+            Key::Seq => format!("{p}seq"),
+            Key::AdmittedCount => format!("{p}admitted_count"),
+            Key::SeqTime => format!("{p}seqtime"),
+            Key::Waits => format!("{p}waits"),
+            Key::Advances => format!("{p}advances"),
+            Key::LastAdvance => format!("{p}last_advance"),
+            Key::Lock => format!("{p}lock"),
+            Key::Summary => format!("{p}summary"),
+            Key::Token(user) => format!("{p}token:{user}"),
+            Key::Used(token_id) => format!("{p}used:{token_id}"),
+        }
     }
 
     /// The seven keys every write script refreshes together (KEYS[1..7] of enter, poll and
     /// advance), so that no key of a target outlives the others.
     fn shared_keys(&self) -> Vec<String> {
         [
-            "waiting",
-            "heartbeat",
-            "seq",
-            "admitted_count",
-            "seqtime",
-            "waits",
-            "advances",
+            Key::Waiting,
+            Key::Heartbeat,
+            Key::Seq,
+            Key::AdmittedCount,
+            Key::SeqTime,
+            Key::Waits,
+            Key::Advances,
         ]
-        .iter()
-        .map(|k| self.key(k))
+        .into_iter()
+        .map(|k| self.of(k))
         .collect()
     }
 
     /// KEYS of enter.lua and poll.lua: the shared seven, then the user's token key.
     pub fn queue_keys(&self, user: u64) -> Vec<String> {
         let mut keys = self.shared_keys();
-        keys.push(self.token(user));
+        keys.push(self.of(Key::Token(user)));
         keys
     }
 
     /// KEYS of advance.lua: the shared seven, then the tick guard.
     pub fn advance_keys(&self) -> Vec<String> {
         let mut keys = self.shared_keys();
-        keys.push(self.key("last_advance"));
+        keys.push(self.of(Key::LastAdvance));
         keys
     }
 }
@@ -140,8 +167,9 @@ mod tests {
     #[test]
     fn keys_carry_the_hash_tag() {
         let k = TargetKeys::new(QueueTarget::new(TargetType::LimitedDrop, 42));
-        assert_eq!(k.key("waiting"), "queue:{LIMITED_DROP:42}:waiting");
-        assert_eq!(k.token(1001), "queue:{LIMITED_DROP:42}:token:1001");
+        assert_eq!(k.of(Key::Waiting), "queue:{LIMITED_DROP:42}:waiting");
+        assert_eq!(k.of(Key::Token(1001)), "queue:{LIMITED_DROP:42}:token:1001");
+        assert_eq!(k.of(Key::Used("ab")), "queue:{LIMITED_DROP:42}:used:ab");
     }
 
     #[test]

@@ -1,0 +1,191 @@
+//! One decoder per script reply: the scripts of `lua/` answer tagged arrays (see each script's
+//! `Reply:` header) and this is the only place that reads them, so a change of a script's reply
+//! meets one function. Pure: no I/O.
+
+use fred::prelude::*;
+
+use super::{Advance, AdvanceOutcome, EnterOutcome, PollOutcome, StoreError};
+use crate::queue::QueueStats;
+
+pub fn protocol(what: &str, v: &Value) -> StoreError {
+    StoreError::Protocol(format!("{what}: {v:?}"))
+}
+
+pub fn reply_array(v: Value, what: &str) -> Result<Vec<Value>, StoreError> {
+    match v {
+        Value::Array(items) => Ok(items),
+        other => Err(protocol(what, &other)),
+    }
+}
+
+pub fn as_u64(v: &Value, what: &str) -> Result<u64, StoreError> {
+    match v {
+        Value::Integer(i) => u64::try_from(*i).map_err(|_| protocol(what, v)),
+        _ => v
+            .as_str()
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| protocol(what, v)),
+    }
+}
+
+fn as_f64(v: &Value, what: &str) -> Result<f64, StoreError> {
+    v.as_str()
+        .and_then(|s| s.parse::<f64>().ok())
+        .ok_or_else(|| protocol(what, v))
+}
+
+fn tag(items: &[Value]) -> String {
+    items
+        .first()
+        .and_then(|v| v.as_str().map(|s| s.into_owned()))
+        .unwrap_or_default()
+}
+
+/// `expiresAt|token`, the stored token value.
+fn stored_token(v: Option<&Value>) -> Result<(String, u64), StoreError> {
+    let s = v
+        .and_then(|v| v.as_string())
+        .ok_or_else(|| StoreError::Protocol("token reply missing".into()))?;
+    let (exp, token) = s
+        .split_once('|')
+        .ok_or_else(|| StoreError::Protocol("stored token without expiry".into()))?;
+    let exp = exp
+        .parse::<u64>()
+        .map_err(|_| StoreError::Protocol("stored token expiry not a number".into()))?;
+    Ok((token.to_string(), exp))
+}
+
+fn waiting_reply(items: &[Value]) -> Result<(u64, u64), StoreError> {
+    match (items.get(1), items.get(2)) {
+        (Some(seq), Some(rank)) => Ok((as_u64(seq, "seq")?, as_u64(rank, "rank")?)),
+        _ => Err(StoreError::Protocol("short WAITING reply".into())),
+    }
+}
+
+/// `enter.lua`: `{"ADMITTED", "expiresAt|token"} | {"WAITING", seq, rank} | {"FULL"}`.
+pub fn enter(v: Value) -> Result<EnterOutcome, StoreError> {
+    let items = reply_array(v, "enter")?;
+    match tag(&items).as_str() {
+        "WAITING" => {
+            let (seq, ahead) = waiting_reply(&items)?;
+            Ok(EnterOutcome::Waiting { seq, ahead })
+        }
+        "ADMITTED" => {
+            let (token, expires_at) = stored_token(items.get(1))?;
+            Ok(EnterOutcome::Admitted { token, expires_at })
+        }
+        "FULL" => Ok(EnterOutcome::Full),
+        _ => Err(StoreError::Protocol("unknown enter reply".into())),
+    }
+}
+
+/// `poll.lua`: `{"ADMITTED", "expiresAt|token"[, waited ms]} | {"WAITING", seq, rank} | {"NONE"}`.
+pub fn poll(v: Value) -> Result<PollOutcome, StoreError> {
+    let items = reply_array(v, "poll")?;
+    match tag(&items).as_str() {
+        "WAITING" => {
+            let (seq, ahead) = waiting_reply(&items)?;
+            Ok(PollOutcome::Waiting { seq, ahead })
+        }
+        "ADMITTED" => {
+            let (token, expires_at) = stored_token(items.get(1))?;
+            let waited_ms = items.get(2).and_then(|v| as_u64(v, "waited").ok());
+            Ok(PollOutcome::Admitted {
+                token,
+                expires_at,
+                waited_ms,
+            })
+        }
+        "NONE" => Ok(PollOutcome::NotInQueue),
+        _ => Err(StoreError::Protocol("unknown poll reply".into())),
+    }
+}
+
+/// `stats.lua`: `{waitingCount, admittedCount, "rate", "avgWait", "p95Wait"}`.
+pub fn stats(v: Value) -> Result<QueueStats, StoreError> {
+    let items = reply_array(v, "stats")?;
+    let get = |i: usize| {
+        items
+            .get(i)
+            .ok_or_else(|| StoreError::Protocol("short stats reply".into()))
+    };
+    Ok(QueueStats {
+        waiting_count: as_u64(get(0)?, "waitingCount")?,
+        admitted_count: as_u64(get(1)?, "admittedCount")?,
+        admission_rate_per_sec: as_f64(get(2)?, "rate")?,
+        avg_wait_seconds: as_f64(get(3)?, "avgWait")?,
+        p95_wait_seconds: as_f64(get(4)?, "p95Wait")?,
+    })
+}
+
+/// `advance.lua`: `{outcome, mark, admitted, waiting[, ms until allowed]}`.
+pub fn advance(v: Value) -> Result<Advance, StoreError> {
+    let items = reply_array(v, "advance")?;
+    let outcome = match tag(&items).as_str() {
+        "ADVANCED" => AdvanceOutcome::Advanced,
+        "GUARDED" => AdvanceOutcome::Guarded,
+        "IDLE" => AdvanceOutcome::Idle,
+        _ => return Err(StoreError::Protocol("unknown advance reply".into())),
+    };
+    let num = |i: usize, what: &str| match items.get(i) {
+        Some(v) => as_u64(v, what),
+        None => Err(StoreError::Protocol("short advance reply".into())),
+    };
+    Ok(Advance {
+        outcome,
+        admitted_count: num(1, "mark")?,
+        admitted_now: num(2, "admitted")?,
+        waiting: num(3, "waiting")?,
+        retry_in_ms: items.get(4).map_or(Ok(0), |v| as_u64(v, "retry"))?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arr(items: &[Value]) -> Value {
+        Value::Array(items.to_vec())
+    }
+
+    #[test]
+    fn replies_decode_and_bad_ones_are_protocol_errors() {
+        assert_eq!(
+            enter(arr(&["WAITING".into(), "3".into(), Value::Integer(2)])).unwrap(),
+            EnterOutcome::Waiting { seq: 3, ahead: 2 }
+        );
+        assert_eq!(
+            enter(arr(&["ADMITTED".into(), "1700|tok".into()])).unwrap(),
+            EnterOutcome::Admitted {
+                token: "tok".into(),
+                expires_at: 1700
+            }
+        );
+        assert_eq!(enter(arr(&["FULL".into()])).unwrap(), EnterOutcome::Full);
+        assert_eq!(
+            poll(arr(&["NONE".into()])).unwrap(),
+            PollOutcome::NotInQueue
+        );
+        let a = advance(arr(&[
+            "GUARDED".into(),
+            Value::Integer(4),
+            Value::Integer(0),
+            Value::Integer(9),
+            Value::Integer(120),
+        ]))
+        .unwrap();
+        assert_eq!((a.outcome, a.retry_in_ms), (AdvanceOutcome::Guarded, 120));
+        for bad in [
+            arr(&["WAT".into()]),
+            arr(&["WAITING".into()]),
+            arr(&["ADMITTED".into(), "no-expiry".into()]),
+            Value::Integer(1),
+        ] {
+            assert!(matches!(enter(bad), Err(StoreError::Protocol(_))));
+        }
+        assert!(matches!(
+            stats(arr(&[Value::Integer(1)])),
+            Err(StoreError::Protocol(_))
+        ));
+    }
+}
