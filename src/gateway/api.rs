@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use http::HeaderMap;
 
-use super::route::{ApiCall, RouteClass};
+use super::route::{ApiCall, ApiOp};
 use super::stats::Lookup;
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -107,13 +107,14 @@ pub async fn handle(state: &AppState, call: ApiCall, headers: &HeaderMap) -> Rep
         Standing::Unregistered => return Reply::error(&ApiError::UnknownTarget),
         Standing::Unknown => return Reply::error(&ApiError::QueueUnavailable),
     }
-    let result = match call.class {
-        RouteClass::Stats => stats(state, call.target).await,
-        class => match user_id(state, headers) {
-            Ok(user) => match class {
-                RouteClass::Enter => enter(state, call.target, user).await,
-                RouteClass::Poll => poll(state, call.target, user).await,
-                _ => leave(state, call.target, user).await,
+    let result = match call.op {
+        ApiOp::Stats => stats(state, call.target).await,
+        op => match user_id(state, headers) {
+            Ok(user) => match op {
+                ApiOp::Enter => enter(state, call.target, user).await,
+                ApiOp::Poll => poll(state, call.target, user).await,
+                ApiOp::Leave => leave(state, call.target, user).await,
+                ApiOp::Stats => stats(state, call.target).await,
             },
             Err(e) => Err(e),
         },

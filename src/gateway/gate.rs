@@ -316,6 +316,68 @@ fn token_id(token: &str) -> String {
         .collect()
 }
 
+/// What the gate decided about a request whose path has a gated route's shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateDecision {
+    /// Not the gated method and nothing that could create (GET, HEAD, DELETE...): passes as is.
+    NotGated,
+    /// Checked (or the queue is off for this user): forward, holding `claim` if one was taken.
+    Pass { claim: Option<Claim> },
+    /// Refused: the backend sees nothing.
+    Refuse(Denied),
+}
+
+/// The gate: method-override headers, other creating methods, then the token check. Owns its
+/// metrics (tokens consumed and rejected, bypass attempts) and the log line of a refusal.
+pub async fn decide(
+    state: &AppState,
+    g: &GatedPath,
+    method: &Method,
+    headers: &HeaderMap,
+    now: Now,
+) -> GateDecision {
+    let Some(route) = state.config.gate_routes.get(g.route) else {
+        return GateDecision::NotGated;
+    };
+    let gated = gates_method(route, method);
+    let denied = if let Err(d) = check_overrides(headers) {
+        d
+    } else if !gated && super::hygiene::may_create(method) {
+        // Another method that may create on a purchase path (PUT, PATCH, a custom one): a
+        // backend that maps it to the same handler must not get it unchecked.
+        Denied {
+            error: ApiError::MethodNotAllowed,
+            reason: "other_method",
+        }
+    } else if !gated {
+        return GateDecision::NotGated;
+    } else {
+        match check(state, g, headers, now).await {
+            Ok(passed) => {
+                if passed.checked {
+                    state.count_token(passed.target, "consumed");
+                }
+                return GateDecision::Pass {
+                    claim: passed.claim,
+                };
+            }
+            Err(d) => {
+                if let Some(t) = g.target {
+                    state.count_token(t, "rejected");
+                }
+                d
+            }
+        }
+    };
+    state
+        .metrics
+        .bypass
+        .with_label_values(&[&route.template, denied.reason])
+        .inc();
+    tracing::info!(route = %route.template, reason = denied.reason, "gated request refused");
+    GateDecision::Refuse(denied)
+}
+
 /// Whether `method` is the one the route gates.
 pub fn gates_method(route: &GateRoute, method: &Method) -> bool {
     route.method == *method

@@ -91,50 +91,19 @@ impl Gateway {
         ctx: &mut RequestCtx,
         g: &gate::GatedPath,
     ) -> Option<Reply> {
-        let state = &self.state;
-        let route = state.config.gate_routes.get(g.route)?;
         let req = session.req_header();
-        let denied = match gate::check_overrides(&req.headers) {
-            Err(d) => Some(d),
-            // Another method that may create on a purchase path (PUT, PATCH, a custom one): a
-            // backend that maps it to the same handler must not get it unchecked.
-            Ok(())
-                if !gate::gates_method(route, &req.method) && hygiene::may_create(&req.method) =>
-            {
-                Some(gate::Denied {
-                    error: ApiError::MethodNotAllowed,
-                    reason: "other_method",
-                })
-            }
-            Ok(()) if gate::gates_method(route, &req.method) => {
+        match gate::decide(&self.state, g, &req.method, &req.headers, api::now()).await {
+            gate::GateDecision::NotGated => None,
+            gate::GateDecision::Pass { claim } => {
                 ctx.class = RouteClass::Gated;
-                match gate::check(state, g, &req.headers, api::now()).await {
-                    Ok(passed) => {
-                        ctx.claim = passed.claim;
-                        if passed.checked {
-                            state.count_token(passed.target, "consumed");
-                        }
-                        None
-                    }
-                    Err(d) => {
-                        if let Some(t) = g.target {
-                            state.count_token(t, "rejected");
-                        }
-                        Some(d)
-                    }
-                }
+                ctx.claim = claim;
+                None
             }
-            Ok(()) => None,
-        };
-        let d = denied?;
-        ctx.class = RouteClass::Gated;
-        state
-            .metrics
-            .bypass
-            .with_label_values(&[&route.template, d.reason])
-            .inc();
-        tracing::info!(route = %route.template, reason = d.reason, "gated request refused");
-        Some(Reply::error(&d.error))
+            gate::GateDecision::Refuse(d) => {
+                ctx.class = RouteClass::Gated;
+                Some(Reply::error(&d.error))
+            }
+        }
     }
 
     async fn release_claim(&self, ctx: &mut RequestCtx) {
@@ -269,7 +238,7 @@ impl ProxyHttp for Gateway {
             let method = session.req_header().method.clone();
             let reply = match route::parse_api(&canonical, &method) {
                 Ok(call) => {
-                    ctx.class = call.class;
+                    ctx.class = call.op.class();
                     api::handle(&self.state, call, &session.req_header().headers).await
                 }
                 Err(e) => {

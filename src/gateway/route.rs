@@ -45,10 +45,31 @@ impl RouteClass {
     }
 }
 
+/// The four operations of the queue API (SPEC §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiOp {
+    Enter,
+    Poll,
+    Leave,
+    Stats,
+}
+
+impl ApiOp {
+    /// The route class (metric label) of the operation.
+    pub fn class(self) -> RouteClass {
+        match self {
+            ApiOp::Enter => RouteClass::Enter,
+            ApiOp::Poll => RouteClass::Poll,
+            ApiOp::Leave => RouteClass::Leave,
+            ApiOp::Stats => RouteClass::Stats,
+        }
+    }
+}
+
 /// A queue API call with its target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ApiCall {
-    pub class: RouteClass,
+    pub op: ApiOp,
     pub target: QueueTarget,
 }
 
@@ -76,15 +97,15 @@ pub fn parse_api(path: &CanonicalPath, method: &Method) -> Result<ApiCall, ApiEr
         .ok_or(ApiError::BadRequest("targetId must be a positive integer"))?;
     let target = QueueTarget::new(kind, id);
     let rest = s.get(3..).unwrap_or(&[]);
-    let class = match (rest, method) {
-        (["entries"], &Method::POST) => RouteClass::Enter,
-        (["entries", "me"], &Method::GET) => RouteClass::Poll,
-        (["entries", "me"], &Method::DELETE) => RouteClass::Leave,
-        (["stats"], &Method::GET) => RouteClass::Stats,
+    let op = match (rest, method) {
+        (["entries"], &Method::POST) => ApiOp::Enter,
+        (["entries", "me"], &Method::GET) => ApiOp::Poll,
+        (["entries", "me"], &Method::DELETE) => ApiOp::Leave,
+        (["stats"], &Method::GET) => ApiOp::Stats,
         (["entries"] | ["entries", "me"] | ["stats"], _) => return Err(ApiError::MethodNotAllowed),
         _ => return Err(ApiError::BadRequest("unknown queue resource")),
     };
-    Ok(ApiCall { class, target })
+    Ok(ApiCall { op, target })
 }
 
 #[cfg(test)]
@@ -101,26 +122,26 @@ mod tests {
     #[test]
     fn the_four_calls() {
         let t = QueueTarget::new(TargetType::LimitedDrop, 42);
-        let ok = |p, m, class| assert_eq!(parse(p, m), Ok(ApiCall { class, target: t }));
+        let ok = |p, m, op| assert_eq!(parse(p, m), Ok(ApiCall { op, target: t }));
         ok(
             "/virtual-queues/limited-drop/42/entries",
             Method::POST,
-            RouteClass::Enter,
+            ApiOp::Enter,
         );
         ok(
             "/virtual-queues/limited-drop/42/entries/me",
             Method::GET,
-            RouteClass::Poll,
+            ApiOp::Poll,
         );
         ok(
             "/virtual-queues/limited-drop/42/entries/me/",
             Method::DELETE,
-            RouteClass::Leave,
+            ApiOp::Leave,
         );
         ok(
             "/virtual-queues/limited-drop/42/stats",
             Method::GET,
-            RouteClass::Stats,
+            ApiOp::Stats,
         );
         let e = parse("/virtual-queues/ticketing-event/7/stats", Method::GET).unwrap();
         assert_eq!(e.target, QueueTarget::new(TargetType::TicketingEvent, 7));
