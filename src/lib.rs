@@ -2,11 +2,13 @@
 //!
 //! # Layout
 //! - `app`      — `AppState`, the shared state of a running gateway (built by `server`).
+//! - `background` — the Redis connection (start-up, health probe, claim write-back), the
+//!   run-time settings refresher (flag, registered sales) and the JWT key watcher.
 //! - `clock`    — the one clock: wall time for requests, `Clock` (real or virtual) for the pump.
 //! - `config`   — TOML file → validated `Config` (SPEC §8).
 //! - `cli`      — `serve`, `check-config`, `flag show|set`.
 //! - `ops`      — the `flag` commands: read and write `queue:flag` in Redis.
-//! - `server`   — builds the Pingora server: ports, upstream, store, services.
+//! - `server`   — builds the Pingora server: ports, upstream, store, services and their order.
 //! - `gateway`  — the public listener (`ProxyHttp`): `path` (strict canonicalisation),
 //!   `route` (classification), `hygiene` (header, method and upgrade spellings refused before
 //!   routing), `api` (queue handlers), `gate` (entry-token check on purchase routes), `stats`
@@ -41,6 +43,7 @@
 //! metrics per request.
 
 pub mod app;
+pub mod background;
 pub mod cli;
 pub mod clock;
 pub mod config;
