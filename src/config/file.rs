@@ -1,0 +1,297 @@
+//! The configuration file as an operator writes it (`ConfigFile`, SPEC §8): every section with its
+//! documented defaults, `deny_unknown_fields` everywhere. `Serialize` too, so tests build a file
+//! in code and hand the gateway exactly what an operator would write. Validation into the typed
+//! `Config` is `config/mod.rs`'s job; nothing here checks a value.
+
+use serde::{Deserialize, Serialize};
+
+/// The TOML file, section by section. Every section and key is optional and has the documented
+/// default; unknown keys are errors.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConfigFile {
+    pub server: ServerSection,
+    pub upstream: UpstreamSection,
+    pub store: StoreSection,
+    pub queue: QueueSection,
+    pub token: TokenSection,
+    pub flag: FlagSection,
+    pub fail_open: FailOpenSection,
+    pub gate: GateSection,
+    pub upgrade: UpgradeSection,
+    pub identity: IdentitySection,
+}
+
+/// Who the user is (`identity.rs`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdentitySection {
+    /// `header` (trust `X-User-Id` as set by the load balancer) or `jwt`.
+    pub mode: String,
+    /// With `jwt`: accepted algorithms, from `HS256`, `RS256`, `ES256`.
+    pub algorithms: Vec<String>,
+    /// With `jwt`: a PEM public key, or for HS256 a file holding the secret. Reloaded on change.
+    pub key_file: String,
+    /// With `jwt`, instead of `key_file`: a JWKS document. Reloaded on change.
+    pub jwks_file: String,
+    /// With `jwt`: the required `iss` (empty: not checked).
+    pub issuer: String,
+    /// With `jwt`: the required `aud` (empty: not checked).
+    pub audience: String,
+    /// With `jwt`: the claim holding the user id (a positive integer).
+    pub user_claim: String,
+    /// With `jwt`: clock skew allowed on `exp` and `nbf`, seconds.
+    pub leeway_s: u64,
+}
+
+impl Default for IdentitySection {
+    fn default() -> Self {
+        IdentitySection {
+            mode: "header".into(),
+            algorithms: vec!["RS256".into()],
+            key_file: String::new(),
+            jwks_file: String::new(),
+            issuer: String::new(),
+            audience: String::new(),
+            user_claim: "sub".into(),
+            leeway_s: 30,
+        }
+    }
+}
+
+/// Paths on which a protocol upgrade (websocket) may reach the backend. None by default: after a
+/// `101` the connection is an opaque tunnel the gate can no longer inspect.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpgradeSection {
+    pub paths: Vec<UpgradePathEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpgradePathEntry {
+    /// A canonical path prefix, e.g. `/ws/` (matched on whole segments, without case).
+    pub prefix: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    /// Public listener (all traffic from nginx-lb).
+    pub listen: String,
+    /// Admin listener: `/healthz`, `/readyz`, `/metrics`. Keep it private.
+    pub admin_listen: String,
+    /// Worker threads of the proxy service.
+    pub threads: usize,
+    /// Idle keep-alive of downstream connections, seconds.
+    pub keepalive_idle_s: u64,
+    /// How long in-flight requests may finish after SIGTERM, seconds.
+    pub grace_period_s: u64,
+    /// `text` (human) or `json` (one object per line).
+    pub log_format: String,
+    /// Connections served at once; one beyond is closed at once.
+    pub max_connections: u64,
+    /// A new connection must send its first byte within this, ms.
+    pub first_byte_timeout_ms: u64,
+    /// Request line plus headers, bytes; larger requests get 431.
+    pub max_header_bytes: u64,
+    /// Header fields per request; more get 431.
+    pub max_headers: u64,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            listen: "127.0.0.1:8080".into(),
+            admin_listen: "127.0.0.1:9090".into(),
+            threads: 2,
+            keepalive_idle_s: 60,
+            grace_period_s: 5,
+            log_format: "text".into(),
+            max_connections: 10_000,
+            first_byte_timeout_ms: 10_000,
+            max_header_bytes: 32 * 1024,
+            max_headers: 100,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamSection {
+    /// The unchanged backend, `host:port`.
+    pub address: String,
+    pub connect_timeout_ms: u64,
+    pub read_timeout_ms: u64,
+    pub write_timeout_ms: u64,
+}
+
+impl Default for UpstreamSection {
+    fn default() -> Self {
+        UpstreamSection {
+            address: "127.0.0.1:8081".into(),
+            connect_timeout_ms: 1000,
+            read_timeout_ms: 30_000,
+            write_timeout_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreSection {
+    /// `memory` (single instance, the embedded default) or `redis`.
+    pub backend: String,
+    pub redis_url: String,
+    pub command_timeout_ms: u64,
+    /// Request-path store calls in flight per replica; the excess is refused at once (degraded
+    /// answer) instead of queueing into timeouts.
+    pub max_in_flight: u64,
+    /// How long start-up waits for Redis before the public listener opens anyway (degraded).
+    pub startup_wait_ms: u64,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        StoreSection {
+            backend: "memory".into(),
+            redis_url: "redis://127.0.0.1:6379".into(),
+            command_timeout_ms: 150,
+            max_in_flight: 256,
+            startup_wait_ms: 3000,
+        }
+    }
+}
+
+/// What a replica does while its store cannot be used (`failopen.rs`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FailOpenSection {
+    /// `paced` (each replica admits its share of the budget per tick), `open` (everyone, the
+    /// seed's behaviour) or `closed` (nobody; 503 with Retry-After).
+    pub mode: String,
+    /// Bounds on the replica count the paced share is computed from; `max_replicas` is also the
+    /// count assumed before the instance registry was ever read.
+    pub min_replicas: u64,
+    pub max_replicas: u64,
+}
+
+impl Default for FailOpenSection {
+    fn default() -> Self {
+        FailOpenSection {
+            mode: "paced".into(),
+            min_replicas: 1,
+            max_replicas: 16,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueSection {
+    pub tick_ms: u64,
+    pub batch_size: u64,
+    pub max_capacity: u64,
+    pub heartbeat_timeout_s: u64,
+    pub max_evict_per_tick: u64,
+    /// Targets with a live queue at once; entering a new target beyond it answers 429.
+    pub max_active_targets: u64,
+    /// `any` (every target id may open a queue) or `registered` (only registered sales).
+    pub targets: String,
+    /// With `registered`: sales registered in the file (`TYPE:ID`), besides `queue:targets`.
+    pub registered: Vec<String>,
+    /// With `registered`: `refuse` (purchases of other sales get 404) or `pass` (not gated).
+    pub unregistered_gated: String,
+}
+
+impl Default for QueueSection {
+    fn default() -> Self {
+        QueueSection {
+            tick_ms: 2000,
+            batch_size: 100,
+            max_capacity: 100_000,
+            heartbeat_timeout_s: 60,
+            max_evict_per_tick: 1000,
+            max_active_targets: 1000,
+            targets: "any".into(),
+            registered: Vec::new(),
+            unregistered_gated: "refuse".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokenSection {
+    /// Name of the environment variable holding the signing secret.
+    pub secret_env: String,
+    /// Name of the environment variable holding the previous secret (verification only).
+    pub previous_secret_env: String,
+    pub ttl_s: u64,
+    pub single_use: bool,
+    /// Backend statuses that mean "not processed": only these give a single-use claim back so
+    /// the user may retry. Never 2xx or 3xx (a 303 after an order is a completed order).
+    pub release_on: Vec<u16>,
+}
+
+impl Default for TokenSection {
+    fn default() -> Self {
+        TokenSection {
+            secret_env: "VQ_TOKEN_SECRET".into(),
+            previous_secret_env: "VQ_TOKEN_SECRET_PREVIOUS".into(),
+            ttl_s: 300,
+            single_use: true,
+            release_on: vec![408, 425, 429, 503],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FlagSection {
+    pub enabled: bool,
+    pub rollout_percent: u64,
+}
+
+impl Default for FlagSection {
+    fn default() -> Self {
+        FlagSection {
+            enabled: false,
+            rollout_percent: 100,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GateSection {
+    pub routes: Vec<GateRouteEntry>,
+}
+
+impl Default for GateSection {
+    fn default() -> Self {
+        GateSection {
+            routes: vec![
+                GateRouteEntry {
+                    method: "POST".into(),
+                    path: "/limited-drops/{id}/orders".into(),
+                    target_type: "LIMITED_DROP".into(),
+                },
+                GateRouteEntry {
+                    method: "POST".into(),
+                    path: "/events/{id}/seats/select".into(),
+                    target_type: "TICKETING_EVENT".into(),
+                },
+            ],
+        }
+    }
+}
+
+/// One gated route: `POST /limited-drops/{id}/orders` guarded for `LIMITED_DROP`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GateRouteEntry {
+    pub method: String,
+    pub path: String,
+    pub target_type: String,
+}
