@@ -40,7 +40,12 @@ fn nginx(gateways: [std::net::SocketAddr; 2], auth: std::net::SocketAddr) -> Ngi
     let dir = TempDir::new("nginx");
     let path = dir.0.join("nginx.conf");
     std::fs::write(&path, conf).unwrap();
-    let child = Command::new("nginx")
+    // Debian installs it in /usr/sbin, which a non-root PATH may not hold.
+    let bin = ["/usr/sbin/nginx", "/usr/local/sbin/nginx"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap_or("nginx");
+    let child = Command::new(bin)
         .arg("-c")
         .arg(&path)
         .arg("-p")
