@@ -349,16 +349,7 @@ pub fn parse_algorithm(s: &str) -> Option<Algorithm> {
 mod tests {
     use super::*;
 
-    fn h(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut m = HeaderMap::new();
-        for (k, v) in pairs {
-            m.append(
-                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
-        }
-        m
-    }
+    use crate::test_util::headers as h;
 
     #[test]
     fn header_mode_is_strict() {

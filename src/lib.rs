@@ -61,3 +61,6 @@ pub mod registry;
 pub mod server;
 pub mod store;
 pub mod token;
+
+#[cfg(test)]
+mod test_util;

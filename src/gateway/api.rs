@@ -86,7 +86,15 @@ pub fn single_header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'
 /// The request's user per `[identity]`: 400 for a bad `X-User-Id` (header mode), 401 for a
 /// missing or invalid bearer token (jwt mode).
 pub fn user_id(state: &AppState, headers: &HeaderMap) -> Result<u64, ApiError> {
-    match (state.identity.user(headers), state.identity.is_jwt()) {
+    user_or_error(state, state.identity.user(headers))
+}
+
+/// An identity already resolved, as the answer a client gets when there is none.
+pub fn user_or_error(
+    state: &AppState,
+    identity: Result<u64, IdentityError>,
+) -> Result<u64, ApiError> {
+    match (identity, state.identity.is_jwt()) {
         (Ok(user), _) => Ok(user),
         (Err(IdentityError::Missing), false) => Err(ApiError::BadRequest(
             "exactly one X-User-Id header is required",

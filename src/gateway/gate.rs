@@ -17,6 +17,7 @@ use super::AppState;
 use crate::config::GateRoute;
 use crate::error::ApiError;
 use crate::failopen::LocalClaim;
+use crate::identity::IdentityError;
 use crate::queue::QueueTarget;
 use crate::registry::{Standing, UnregisteredGated};
 use crate::store::Now;
@@ -199,12 +200,13 @@ pub async fn check(
     state: &AppState,
     gated: &GatedPath,
     headers: &HeaderMap,
+    identity: Result<u64, IdentityError>,
     now: Now,
 ) -> Result<Passed, Denied> {
     let target = gated
         .target
         .ok_or_else(|| bad("bad_target_id", "the target id must be a positive integer"))?;
-    let user = super::api::user_id(state, headers).map_err(|error| Denied {
+    let user = super::api::user_or_error(state, identity).map_err(|error| Denied {
         error,
         reason: "bad_user_id",
     })?;
@@ -334,6 +336,7 @@ pub async fn decide(
     g: &GatedPath,
     method: &Method,
     headers: &HeaderMap,
+    identity: Result<u64, IdentityError>,
     now: Now,
 ) -> GateDecision {
     let Some(route) = state.config.gate_routes.get(g.route) else {
@@ -352,7 +355,7 @@ pub async fn decide(
     } else if !gated {
         return GateDecision::NotGated;
     } else {
-        match check(state, g, headers, now).await {
+        match check(state, g, headers, identity, now).await {
             Ok(passed) => {
                 if passed.checked {
                     state.count_token(passed.target, "consumed");

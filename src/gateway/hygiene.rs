@@ -161,16 +161,7 @@ pub fn unsafe_method(method: &Method) -> bool {
 mod tests {
     use super::*;
 
-    fn h(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut m = HeaderMap::new();
-        for (k, v) in pairs {
-            m.append(
-                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
-        }
-        m
-    }
+    use crate::test_util::headers as h;
 
     #[test]
     fn connection_may_not_name_protected_headers() {

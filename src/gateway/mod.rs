@@ -34,6 +34,7 @@ use pingora::proxy::FailToProxy;
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
 use crate::error::ApiError;
+use crate::identity::IdentityError;
 use crate::store::QueueStore;
 use api::Reply;
 use route::RouteClass;
@@ -90,9 +91,11 @@ impl Gateway {
         session: &Session,
         ctx: &mut RequestCtx,
         g: &gate::GatedPath,
+        identity: Result<u64, IdentityError>,
     ) -> Option<Reply> {
         let req = session.req_header();
-        match gate::decide(&self.state, g, &req.method, &req.headers, api::now()).await {
+        let now = api::now();
+        match gate::decide(&self.state, g, &req.method, &req.headers, identity, now).await {
             gate::GateDecision::NotGated => None,
             gate::GateDecision::Pass { claim } => {
                 ctx.class = RouteClass::Gated;
@@ -287,13 +290,19 @@ impl ProxyHttp for Gateway {
             }
             ctx.upgrade = true;
         }
+        // The user, resolved once (a JWT is verified once per request).
+        let identity = if self.state.identity.is_jwt() || gated.is_some() {
+            self.state.identity.user(&session.req_header().headers)
+        } else {
+            Err(IdentityError::Missing)
+        };
         if self.state.identity.is_jwt() {
             // Only a verified id reaches the backend; a request without a valid token goes on
             // without any (the backend sees the Authorization header and decides).
-            ctx.verified_user = self.state.identity.user(&session.req_header().headers).ok();
+            ctx.verified_user = identity.ok();
         }
         if let Some(g) = gated {
-            if let Some(reply) = self.gate(session, ctx, &g).await {
+            if let Some(reply) = self.gate(session, ctx, &g, identity).await {
                 return answer_locally(session, &reply).await;
             }
             ctx.forward_path = Some(g.canonical);
