@@ -48,21 +48,21 @@ impl AppState {
         let guard = StoreGuard::new(
             store,
             GuardConfig {
-                timeout: config.command_timeout,
-                max_in_flight: config.store_max_in_flight,
+                timeout: config.store.command_timeout,
+                max_in_flight: config.store.max_in_flight,
             },
             metrics.clone(),
         );
         let pacer = Pacer::new(
-            crate::queue::millis(config.tick),
-            config.batch_size.get(),
-            config.fail_open_min_replicas,
-            config.fail_open_max_replicas,
+            crate::queue::millis(config.queue.tick),
+            config.queue.batch_size.get(),
+            config.fail_open.min_replicas,
+            config.fail_open.max_replicas,
         );
         let registry = crate::registry::Registry::new(
-            config.targets_mode,
-            config.unregistered_gated,
-            config.registered_targets.clone(),
+            config.queue.targets,
+            config.queue.unregistered_gated,
+            config.queue.registered.clone(),
         );
         AppState {
             config,

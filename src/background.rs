@@ -179,7 +179,7 @@ impl BackgroundService for RedisConnection {
         mut shutdown: ShutdownWatch,
         ready: ServiceReadyNotifier,
     ) {
-        let wait = self.state.config.startup_wait;
+        let wait = self.state.config.store.startup_wait;
         tokio::select! {
             _ = shutdown.changed() => return,
             reached = self.store.connect(wait) => {

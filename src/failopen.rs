@@ -25,7 +25,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crate::queue::QueueTarget;
 
 /// `fail_open.mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum FailOpenMode {
     /// Each replica admits at most its share of the budget per tick; the rest wait.
     Paced,
@@ -37,15 +38,6 @@ pub enum FailOpenMode {
 }
 
 impl FailOpenMode {
-    pub fn parse(s: &str) -> Option<FailOpenMode> {
-        match s {
-            "paced" => Some(FailOpenMode::Paced),
-            "open" => Some(FailOpenMode::Open),
-            "closed" => Some(FailOpenMode::Closed),
-            _ => None,
-        }
-    }
-
     pub fn as_str(self) -> &'static str {
         match self {
             FailOpenMode::Paced => "paced",

@@ -336,12 +336,22 @@ fn trim_secret(bytes: &[u8]) -> &[u8] {
 }
 
 /// Parses an algorithm name of `identity.algorithms`.
-pub fn parse_algorithm(s: &str) -> Option<Algorithm> {
-    match s {
-        "HS256" => Some(Algorithm::HS256),
-        "RS256" => Some(Algorithm::RS256),
-        "ES256" => Some(Algorithm::ES256),
-        _ => None,
+/// The algorithms `identity.algorithms` may name. Anything else (`none`, the 384/512 variants,
+/// EdDSA) is a configuration error, and a token signed with it is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum JwtAlgorithm {
+    HS256,
+    RS256,
+    ES256,
+}
+
+impl From<JwtAlgorithm> for Algorithm {
+    fn from(a: JwtAlgorithm) -> Algorithm {
+        match a {
+            JwtAlgorithm::HS256 => Algorithm::HS256,
+            JwtAlgorithm::RS256 => Algorithm::RS256,
+            JwtAlgorithm::ES256 => Algorithm::ES256,
+        }
     }
 }
 

@@ -42,7 +42,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
-            logging::init(config.log_format);
+            logging::init(config.server.log_format);
             let keys = match server::load_keys(&config) {
                 Ok(k) => k,
                 Err(e) => {
@@ -51,9 +51,9 @@ fn main() -> ExitCode {
                 }
             };
             tracing::info!(
-                listen = %config.listen,
-                admin = %config.admin_listen,
-                upstream = %config.upstream,
+                listen = %config.server.listen,
+                admin = %config.server.admin_listen,
+                upstream = %config.upstream.address,
                 "starting vq-gateway"
             );
             let built = match server::build(config, keys) {

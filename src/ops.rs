@@ -39,7 +39,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, OpsError> {
 }
 
 async fn connect(config: &Config) -> Result<Arc<RedisStore>, OpsError> {
-    let StoreBackend::Redis { url } = &config.store else {
+    let StoreBackend::Redis { url } = &config.store.backend else {
         return Err(OpsError::NotRedis);
     };
     let store = Arc::new(
@@ -66,7 +66,7 @@ pub fn show(config: &Config) -> Result<String, OpsError> {
             .read_flag()
             .await
             .map_err(|e| OpsError::Store(e.to_string()))?;
-        let defaults = FlagState::new(config.flag_enabled, config.rollout_percent);
+        let defaults = FlagState::new(config.flag.enabled, config.flag.rollout_percent);
         let (state, problems) = FlagState::with_overrides(&defaults, &fields);
         let on_off = |b: bool| if b { "on" } else { "off" };
         let mut out = format!(
@@ -168,12 +168,12 @@ pub fn target(config: &Config, change: Option<(&str, bool)>) -> Result<String, O
             .map_err(|e| OpsError::Store(e.to_string()))?;
         members.sort();
         let mut out = String::new();
-        if config.targets_mode != crate::registry::TargetsMode::Registered {
+        if config.queue.targets != crate::registry::TargetsMode::Registered {
             out.push_str(
                 "note: queue.targets is `any` in this file: the list below is not enforced\n",
             );
         }
-        for t in &config.registered_targets {
+        for t in &config.queue.registered {
             out.push_str(&format!("{t} (file)\n"));
         }
         for m in members {

@@ -16,7 +16,7 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::clock::Clock;
-use crate::config::Config;
+use crate::config::QueueConfig;
 use crate::failopen::Pacer;
 use crate::metrics::Metrics;
 use crate::queue::{millis, QueueTarget};
@@ -51,7 +51,7 @@ pub struct PumpConfig {
 }
 
 impl PumpConfig {
-    pub fn from_config(c: &Config) -> PumpConfig {
+    pub fn from_config(c: &QueueConfig) -> PumpConfig {
         PumpConfig {
             tick: c.tick,
             batch_size: c.batch_size,

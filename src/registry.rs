@@ -16,13 +16,15 @@ use crate::queue::QueueTarget;
 /// Targets read from Redis at most (a bigger set is truncated and logged).
 pub const MAX_REGISTERED: usize = 100_000;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum TargetsMode {
     Any,
     Registered,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum UnregisteredGated {
     /// The queue is not on for an unregistered sale: its purchases pass without a token.
     Pass,

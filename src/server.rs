@@ -65,10 +65,10 @@ pub fn load_keys(config: &Config) -> Result<TokenKeys, StartError> {
             }
         }
     };
-    let current = read(&config.secret_env)?.ok_or_else(|| StartError::MissingSecret {
-        var: config.secret_env.clone(),
+    let current = read(&config.token.secret_env)?.ok_or_else(|| StartError::MissingSecret {
+        var: config.token.secret_env.clone(),
     })?;
-    let previous = read(&config.previous_secret_env)?;
+    let previous = read(&config.token.previous_secret_env)?;
     Ok(TokenKeys::new(&current, previous.as_deref()))
 }
 
@@ -100,17 +100,20 @@ pub struct Built {
 }
 
 pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
-    check_free("server.listen", config.listen)?;
-    check_free("server.admin_listen", config.admin_listen)?;
-    let upstream = resolve(&config.upstream)?;
+    check_free("server.listen", config.server.listen)?;
+    check_free("server.admin_listen", config.server.admin_listen)?;
+    let upstream = resolve(&config.upstream.address)?;
     let metrics = Metrics::new().map_err(|e| StartError::Metrics(e.to_string()))?;
 
     let mut conf = ServerConf {
-        threads: config.threads,
-        grace_period_seconds: Some(config.grace_period.as_secs()),
-        graceful_shutdown_timeout_seconds: Some(config.grace_period.as_secs().max(1)),
-        pid_file: format!("/tmp/vq-gateway-{}.pid", config.listen.port()),
-        upgrade_sock: format!("/tmp/vq-gateway-upgrade-{}.sock", config.listen.port()),
+        threads: config.server.threads,
+        grace_period_seconds: Some(config.server.grace_period.as_secs()),
+        graceful_shutdown_timeout_seconds: Some(config.server.grace_period.as_secs().max(1)),
+        pid_file: format!("/tmp/vq-gateway-{}.pid", config.server.listen.port()),
+        upgrade_sock: format!(
+            "/tmp/vq-gateway-upgrade-{}.sock",
+            config.server.listen.port()
+        ),
         ..ServerConf::default()
     };
     conf.max_retries = 1;
@@ -118,15 +121,15 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
 
     let mut redis_store = None;
     // With registered targets ops decide which sales have a queue; the cap is for `any`.
-    let max_targets = match config.targets_mode {
-        crate::registry::TargetsMode::Any => config.max_active_targets.get() as usize,
+    let max_targets = match config.queue.targets {
+        crate::registry::TargetsMode::Any => config.queue.max_active_targets.get() as usize,
         crate::registry::TargetsMode::Registered => usize::MAX / 2,
     };
-    let store: Arc<dyn QueueStore> = match &config.store {
+    let store: Arc<dyn QueueStore> = match &config.store.backend {
         StoreBackend::Memory => Arc::new(MemoryStore::new().with_max_targets(max_targets)),
         StoreBackend::Redis { url } => {
             let s = Arc::new(
-                RedisStore::new(url, config.command_timeout)
+                RedisStore::new(url, config.store.command_timeout)
                     .map_err(|e| StartError::Store(e.to_string()))?
                     .with_max_targets(max_targets),
             );
@@ -134,12 +137,15 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
             s
         }
     };
-    let flag = Flag::new(FlagState::new(config.flag_enabled, config.rollout_percent));
-    let listen = config.listen;
-    let admin_listen = config.admin_listen;
+    let flag = Flag::new(FlagState::new(
+        config.flag.enabled,
+        config.flag.rollout_percent,
+    ));
+    let listen = config.server.listen;
+    let admin_listen = config.server.admin_listen;
     let identity =
         crate::identity::Identity::new(config.identity.clone()).map_err(StartError::Identity)?;
-    let memory = matches!(config.store, StoreBackend::Memory);
+    let memory = matches!(config.store.backend, StoreBackend::Memory);
     let state = Arc::new(AppState::new(
         config, upstream, store, keys, flag, metrics, identity,
     ));
@@ -150,8 +156,8 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     let app = pingora::proxy::http_proxy(&server.configuration, Gateway::new(state.clone()));
     let limited = ConnectionLimit::new(
         app,
-        state.config.max_connections,
-        state.config.first_byte_timeout,
+        state.config.server.max_connections,
+        state.config.server.first_byte_timeout,
         state.metrics.clone(),
     );
     let mut proxy = Service::new("proxy".to_string(), limited);
@@ -167,7 +173,7 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
         "admission pump",
         crate::pump::Pump::new(
             state.store.clone(),
-            crate::pump::PumpConfig::from_config(&state.config),
+            crate::pump::PumpConfig::from_config(&state.config.queue),
             state.metrics.clone(),
             state.pacer.clone(),
             Arc::new(crate::clock::SystemClock),

@@ -15,7 +15,7 @@ const Q: &str = "/virtual-queues/limited-drop/42";
 
 fn gateway(redis: &RedisServer, up: &Upstream, tweak: impl Fn(&mut ConfigFile)) -> GatewayProc {
     let mut cfg = test_config(up.addr);
-    cfg.store.backend = "redis".into();
+    cfg.store.backend = StoreKind::Redis;
     cfg.store.redis_url = redis.url();
     cfg.queue.tick_ms = 200;
     cfg.queue.batch_size = 1;
@@ -67,7 +67,7 @@ fn open_mode_redis_killed_mid_run_no_5xx_fast_answers_gate_still_holds() {
     let up = Upstream::start();
     let gw = gateway(&redis, &up, |c| {
         c.queue.tick_ms = 3_600_000;
-        c.fail_open.mode = "open".into();
+        c.fail_open.mode = FailOpenMode::Open;
     });
     let mut c = gw.client();
     for u in 1..=50 {
@@ -140,7 +140,7 @@ fn paused_redis_answers_within_the_timeout() {
     let up = Upstream::start();
     let gw = gateway(&redis, &up, |c| {
         c.queue.tick_ms = 3_600_000;
-        c.fail_open.mode = "open".into();
+        c.fail_open.mode = FailOpenMode::Open;
     });
     let mut c = gw.client();
     assert_eq!(enter(&mut c, 1).1["status"], "WAITING");
@@ -257,7 +257,7 @@ fn closed_mode_refuses_while_redis_is_down_and_the_gate_still_verifies() {
     let up = Upstream::start();
     let gw = gateway(&redis, &up, |c| {
         c.queue.tick_ms = 3_600_000;
-        c.fail_open.mode = "closed".into();
+        c.fail_open.mode = FailOpenMode::Closed;
     });
     let mut c = gw.client();
     assert!(queued(&enter(&mut c, 1)));
@@ -387,7 +387,7 @@ fn a_token_spent_during_an_outage_stays_spent_after_it() {
     let up = Upstream::start();
     let open = |c: &mut ConfigFile| {
         c.queue.tick_ms = 3_600_000;
-        c.fail_open.mode = "open".into();
+        c.fail_open.mode = FailOpenMode::Open;
     };
     let a = gateway(&redis, &up, open);
     let b = gateway(&redis, &up, open);

@@ -39,7 +39,7 @@ struct Sale {
 
 fn config(redis: &RedisServer, up: &Upstream) -> ConfigFile {
     let mut cfg = test_config(up.addr);
-    cfg.store.backend = "redis".into();
+    cfg.store.backend = StoreKind::Redis;
     cfg.store.redis_url = redis.url();
     cfg.queue.tick_ms = TICK_MS;
     cfg.queue.batch_size = BATCH;

@@ -17,7 +17,7 @@ fn gateways(redis: &RedisServer, up: &Upstream, n: usize, enabled: bool) -> Vec<
     (0..n)
         .map(|_| {
             let mut cfg = test_config(up.addr);
-            cfg.store.backend = "redis".into();
+            cfg.store.backend = StoreKind::Redis;
             cfg.store.redis_url = redis.url();
             cfg.queue.tick_ms = 3_600_000;
             cfg.flag.enabled = enabled;

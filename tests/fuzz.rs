@@ -6,7 +6,7 @@
 
 use proptest::prelude::*;
 use vq_gateway::config::Config;
-use vq_gateway::gateway::gate::{lookalike, match_route};
+use vq_gateway::gateway::gated::{lookalike, match_route};
 use vq_gateway::gateway::path::canonicalize;
 use vq_gateway::queue::TargetType;
 use vq_gateway::token::{mint, verify, TokenClaims, TokenKeys};
@@ -59,11 +59,11 @@ proptest! {
     fn a_gated_shape_is_recognised_however_it_is_spelled(raw in pathish()) {
         // If the canonical form of a path, read the way a lenient backend would (case folded),
         // names the gated route, the gateway's matcher must say so too.
-        let routes = Config::from_toml("").unwrap().gate_routes;
+        let routes = Config::from_toml("").unwrap().gate.routes;
         if let Ok(c) = canonicalize(&raw) {
             let lower: Vec<String> = c.segments.iter().map(|s| s.to_ascii_lowercase()).collect();
             let looks_gated = lower.len() == 3 && lower[0] == "limited-drops" && lower[2] == "orders";
-            prop_assert_eq!(looks_gated, match_route(&routes, &c).is_some_and(|g| g.route == 0));
+            prop_assert_eq!(looks_gated, match_route(&routes, &c).is_some_and(|g| g.route == routes[0]));
         }
     }
 
@@ -72,7 +72,7 @@ proptest! {
         // A backend with suffix-pattern matching or segment trimming routes `orders.json`,
         // `orders.`, `orders%20` to the orders handler: such a path must never be neither gated
         // nor refused as a lookalike.
-        let routes = Config::from_toml("").unwrap().gate_routes;
+        let routes = Config::from_toml("").unwrap().gate.routes;
         if let Ok(c) = canonicalize(&raw) {
             let lower: Vec<String> = c.segments.iter().map(|s| s.to_ascii_lowercase()).collect();
             let trimmed = |s: &str, lit: &str| {

@@ -488,7 +488,7 @@ fn single_use_holds_across_instances_on_redis() {
     let gws: Vec<GatewayProc> = (0..2)
         .map(|_| {
             let mut cfg = test_config(up.addr);
-            cfg.store.backend = "redis".into();
+            cfg.store.backend = StoreKind::Redis;
             cfg.store.redis_url = redis.url();
             GatewayProc::start(cfg)
         })

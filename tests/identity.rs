@@ -65,8 +65,8 @@ fn bearer(t: &str) -> String {
 fn jwt_gateway(tweak: impl Fn(&mut ConfigFile)) -> (GatewayProc, Upstream) {
     let up = Upstream::start();
     let mut cfg = test_config(up.addr);
-    cfg.identity.mode = "jwt".into();
-    cfg.identity.algorithms = vec!["RS256".into()];
+    cfg.identity.mode = IdentityMode::Jwt;
+    cfg.identity.algorithms = vec![JwtAlgorithm::RS256];
     cfg.identity.key_file = data("rsa_a.pub").display().to_string();
     cfg.identity.issuer = "https://auth.test".into();
     cfg.identity.audience = "ticketing".into();
@@ -310,7 +310,7 @@ fn rollout_buckets_use_the_verified_id() {
 #[test]
 fn hs256_from_a_secret_file() {
     let (gw, _up) = jwt_gateway(|c| {
-        c.identity.algorithms = vec!["HS256".into()];
+        c.identity.algorithms = vec![JwtAlgorithm::HS256];
         c.identity.key_file = data("hs256.secret").display().to_string();
     });
     let ok = sign(Algorithm::HS256, "hs256.secret", None, &claims("77"));
@@ -326,7 +326,7 @@ fn es256_from_a_jwks_file_reloaded_when_it_changes() {
     std::fs::copy(data("jwks_a.json"), &jwks).unwrap();
     let path = jwks.display().to_string();
     let (gw, _up) = jwt_gateway(|c| {
-        c.identity.algorithms = vec!["ES256".into()];
+        c.identity.algorithms = vec![JwtAlgorithm::ES256];
         c.identity.key_file = String::new();
         c.identity.jwks_file = path.clone();
     });

@@ -83,7 +83,7 @@ fn the_user_id_comes_from_the_session_only() {
     let auth = Upstream::start();
     let redis = RedisServer::start();
     let mut cfg = test_config(backend.addr);
-    cfg.store.backend = "redis".into();
+    cfg.store.backend = StoreKind::Redis;
     cfg.store.redis_url = redis.url();
     let gws = [GatewayProc::start(cfg.clone()), GatewayProc::start(cfg)];
     let lb = nginx([gws[0].listen, gws[1].listen], auth.addr);

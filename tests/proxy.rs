@@ -189,7 +189,7 @@ fn admin_endpoints() {
 fn one_structured_log_line_per_request() {
     let up = Upstream::start();
     let mut cfg = test_config(up.addr);
-    cfg.server.log_format = "json".into();
+    cfg.server.log_format = LogFormat::Json;
     let gw = GatewayProc::start(cfg);
     let mut c = gw.client();
     c.get("/a", &[]).unwrap();

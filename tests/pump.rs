@@ -26,7 +26,7 @@ fn cluster(
     (0..n)
         .map(|_| {
             let mut cfg = test_config(up.addr);
-            cfg.store.backend = "redis".into();
+            cfg.store.backend = StoreKind::Redis;
             cfg.store.redis_url = redis.url();
             cfg.queue.tick_ms = TICK;
             cfg.queue.batch_size = BATCH;

@@ -25,7 +25,7 @@ fn env(store: &str, tweak: impl Fn(&mut ConfigFile)) -> Env {
     cfg.queue.tick_ms = 3_600_000;
     let redis = (store == "redis").then(RedisServer::start);
     if let Some(r) = &redis {
-        cfg.store.backend = "redis".into();
+        cfg.store.backend = StoreKind::Redis;
         cfg.store.redis_url = r.url();
     }
     tweak(&mut cfg);
@@ -433,7 +433,7 @@ fn flag_off_admits_directly() {
 
 #[test]
 fn stats_answer_503_while_redis_is_down_and_enter_fails_open() {
-    let mut e = env("redis", |c| c.fail_open.mode = "open".into());
+    let mut e = env("redis", |c| c.fail_open.mode = FailOpenMode::Open);
     let mut c = e.gw.client();
     waiting(&enter(&mut c, Q, 1));
     e._redis.as_mut().unwrap().kill();

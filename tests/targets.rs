@@ -40,7 +40,7 @@ fn gateway(
     let up = Upstream::start();
     let mut cfg = test_config(up.addr);
     if let Some(r) = redis {
-        cfg.store.backend = "redis".into();
+        cfg.store.backend = StoreKind::Redis;
         cfg.store.redis_url = r.url();
     }
     cfg.queue.tick_ms = 100;
@@ -133,9 +133,9 @@ fn empty_queues_stop_counting_against_the_cap() {
 fn only_registered_sales_have_a_queue() {
     let redis = RedisServer::start();
     let (gw, up) = gateway(Some(&redis), |c| {
-        c.queue.targets = "registered".into();
+        c.queue.targets = TargetsMode::Registered;
         c.queue.registered = vec!["LIMITED_DROP:1".into()];
-        c.queue.unregistered_gated = "pass".into();
+        c.queue.unregistered_gated = UnregisteredGated::Pass;
     });
     assert_eq!(enter(&gw, 1, 7).status, 200);
     let r = enter(&gw, 2, 7);
@@ -192,7 +192,7 @@ fn only_registered_sales_have_a_queue() {
 #[test]
 fn unregistered_purchases_are_refused_by_default() {
     let (gw, up) = gateway(None, |c| {
-        c.queue.targets = "registered".into();
+        c.queue.targets = TargetsMode::Registered;
         c.queue.registered = vec!["LIMITED_DROP:1".into()];
     });
     let r = buy(&gw);
@@ -215,8 +215,8 @@ fn registered_sales_are_never_let_through_before_their_list_was_read() {
     let port = redis.port;
     redis.kill();
     let (gw, up) = gateway(Some(&redis), |c| {
-        c.queue.targets = "registered".into();
-        c.queue.unregistered_gated = "pass".into();
+        c.queue.targets = TargetsMode::Registered;
+        c.queue.unregistered_gated = UnregisteredGated::Pass;
         c.store.startup_wait_ms = 300;
     });
     let r = buy(&gw);

@@ -5,6 +5,41 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::failopen::FailOpenMode;
+pub use crate::identity::JwtAlgorithm;
+pub use crate::queue::TargetType;
+pub use crate::registry::{TargetsMode, UnregisteredGated};
+
+/// `server.log_format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `store.backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// Embedded, single instance (the default).
+    Memory,
+    /// Shared by every replica, at `store.redis_url`.
+    Redis,
+}
+
+/// `identity.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdentityMode {
+    /// Trust `X-User-Id` as set by the load balancer.
+    Header,
+    /// Verify `Authorization: Bearer <JWT>`.
+    Jwt,
+}
+
 /// The TOML file, section by section. Every section and key is optional and has the documented
 /// default; unknown keys are errors.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -26,10 +61,9 @@ pub struct ConfigFile {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct IdentitySection {
-    /// `header` (trust `X-User-Id` as set by the load balancer) or `jwt`.
-    pub mode: String,
+    pub mode: IdentityMode,
     /// With `jwt`: accepted algorithms, from `HS256`, `RS256`, `ES256`.
-    pub algorithms: Vec<String>,
+    pub algorithms: Vec<JwtAlgorithm>,
     /// With `jwt`: a PEM public key, or for HS256 a file holding the secret. Reloaded on change.
     pub key_file: String,
     /// With `jwt`, instead of `key_file`: a JWKS document. Reloaded on change.
@@ -47,8 +81,8 @@ pub struct IdentitySection {
 impl Default for IdentitySection {
     fn default() -> Self {
         IdentitySection {
-            mode: "header".into(),
-            algorithms: vec!["RS256".into()],
+            mode: IdentityMode::Header,
+            algorithms: vec![JwtAlgorithm::RS256],
             key_file: String::new(),
             jwks_file: String::new(),
             issuer: String::new(),
@@ -87,8 +121,7 @@ pub struct ServerSection {
     pub keepalive_idle_s: u64,
     /// How long in-flight requests may finish after SIGTERM, seconds.
     pub grace_period_s: u64,
-    /// `text` (human) or `json` (one object per line).
-    pub log_format: String,
+    pub log_format: LogFormat,
     /// Connections served at once; one beyond is closed at once.
     pub max_connections: u64,
     /// A new connection must send its first byte within this, ms.
@@ -107,7 +140,7 @@ impl Default for ServerSection {
             threads: 2,
             keepalive_idle_s: 60,
             grace_period_s: 5,
-            log_format: "text".into(),
+            log_format: LogFormat::Text,
             max_connections: 10_000,
             first_byte_timeout_ms: 10_000,
             max_header_bytes: 32 * 1024,
@@ -140,8 +173,7 @@ impl Default for UpstreamSection {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreSection {
-    /// `memory` (single instance, the embedded default) or `redis`.
-    pub backend: String,
+    pub backend: StoreKind,
     pub redis_url: String,
     pub command_timeout_ms: u64,
     /// Request-path store calls in flight per replica; the excess is refused at once (degraded
@@ -154,7 +186,7 @@ pub struct StoreSection {
 impl Default for StoreSection {
     fn default() -> Self {
         StoreSection {
-            backend: "memory".into(),
+            backend: StoreKind::Memory,
             redis_url: "redis://127.0.0.1:6379".into(),
             command_timeout_ms: 150,
             max_in_flight: 256,
@@ -167,9 +199,7 @@ impl Default for StoreSection {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FailOpenSection {
-    /// `paced` (each replica admits its share of the budget per tick), `open` (everyone, the
-    /// seed's behaviour) or `closed` (nobody; 503 with Retry-After).
-    pub mode: String,
+    pub mode: FailOpenMode,
     /// Bounds on the replica count the paced share is computed from; `max_replicas` is also the
     /// count assumed before the instance registry was ever read.
     pub min_replicas: u64,
@@ -179,7 +209,7 @@ pub struct FailOpenSection {
 impl Default for FailOpenSection {
     fn default() -> Self {
         FailOpenSection {
-            mode: "paced".into(),
+            mode: FailOpenMode::Paced,
             min_replicas: 1,
             max_replicas: 16,
         }
@@ -196,12 +226,11 @@ pub struct QueueSection {
     pub max_evict_per_tick: u64,
     /// Targets with a live queue at once; entering a new target beyond it answers 429.
     pub max_active_targets: u64,
-    /// `any` (every target id may open a queue) or `registered` (only registered sales).
-    pub targets: String,
+    pub targets: TargetsMode,
     /// With `registered`: sales registered in the file (`TYPE:ID`), besides `queue:targets`.
     pub registered: Vec<String>,
-    /// With `registered`: `refuse` (purchases of other sales get 404) or `pass` (not gated).
-    pub unregistered_gated: String,
+    /// With `registered`: what purchases of other sales get.
+    pub unregistered_gated: UnregisteredGated,
 }
 
 impl Default for QueueSection {
@@ -213,9 +242,9 @@ impl Default for QueueSection {
             heartbeat_timeout_s: 60,
             max_evict_per_tick: 1000,
             max_active_targets: 1000,
-            targets: "any".into(),
+            targets: TargetsMode::Any,
             registered: Vec::new(),
-            unregistered_gated: "refuse".into(),
+            unregistered_gated: UnregisteredGated::Refuse,
         }
     }
 }
@@ -275,12 +304,12 @@ impl Default for GateSection {
                 GateRouteEntry {
                     method: "POST".into(),
                     path: "/limited-drops/{id}/orders".into(),
-                    target_type: "LIMITED_DROP".into(),
+                    target_type: TargetType::LimitedDrop,
                 },
                 GateRouteEntry {
                     method: "POST".into(),
                     path: "/events/{id}/seats/select".into(),
-                    target_type: "TICKETING_EVENT".into(),
+                    target_type: TargetType::TicketingEvent,
                 },
             ],
         }
@@ -293,5 +322,5 @@ impl Default for GateSection {
 pub struct GateRouteEntry {
     pub method: String,
     pub path: String,
-    pub target_type: String,
+    pub target_type: TargetType,
 }

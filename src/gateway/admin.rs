@@ -26,7 +26,7 @@ impl AdminApp {
     }
 
     async fn ready(&self) -> (u16, String) {
-        let listen = self.state.config.listen;
+        let listen = self.state.config.server.listen;
         let proxy_up = matches!(
             tokio::time::timeout(
                 Duration::from_millis(200),
@@ -46,7 +46,7 @@ impl AdminApp {
             "store": self.state.store.kind(),
             "storeState": store,
             "degraded": self.state.store.degraded(),
-            "failOpenMode": self.state.config.fail_open.as_str(),
+            "failOpenMode": self.state.config.fail_open.mode.as_str(),
         });
         (status, body.to_string())
     }

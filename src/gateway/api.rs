@@ -131,7 +131,7 @@ pub async fn handle(state: &AppState, call: ApiCall, headers: &HeaderMap) -> Rep
 }
 
 fn candidate(state: &AppState, target: QueueTarget, user: u64, now: Now) -> TokenCandidate {
-    let expires_at = now.epoch_ms / 1000 + state.config.token_ttl.as_secs();
+    let expires_at = now.epoch_ms / 1000 + state.config.token.ttl.as_secs();
     let claims = TokenClaims {
         target_type: target.kind,
         target_id: target.id,
@@ -149,7 +149,11 @@ fn entry(status: EntryStatus) -> Reply {
 }
 
 fn waiting(state: &AppState, seq: u64, ahead: u64) -> Reply {
-    let eta = eta_seconds(ahead, state.config.batch_size.get(), state.config.tick);
+    let eta = eta_seconds(
+        ahead,
+        state.config.queue.batch_size.get(),
+        state.config.queue.tick,
+    );
     entry(EntryStatus::Waiting {
         seq,
         ahead,
@@ -178,7 +182,7 @@ fn degraded(
     now: Now,
     cause: &StoreError,
 ) -> Result<Reply, ApiError> {
-    let mode = match (state.config.fail_open, cause) {
+    let mode = match (state.config.fail_open.mode, cause) {
         (FailOpenMode::Open, StoreError::Saturated) => FailOpenMode::Paced,
         (mode, _) => mode,
     };
@@ -228,7 +232,7 @@ async fn enter(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply
     if !state.flag.queue_on(target, user) {
         return Ok(direct(state, target, user, now));
     }
-    let capacity = state.config.max_capacity.get();
+    let capacity = state.config.queue.max_capacity.get();
     let label = state.metrics.targets.label(target);
     let count = |outcome: &str| {
         state
@@ -252,7 +256,7 @@ async fn enter(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply
         }
         Ok(EnterOutcome::TooManyTargets) => {
             count("too_many_targets");
-            log_too_many(target, state.config.max_active_targets.get(), now);
+            log_too_many(target, state.config.queue.max_active_targets.get(), now);
             Err(ApiError::TooManyQueues)
         }
         // Redis is full: it answers, but takes no new users. Not an outage, so nobody is let

@@ -1,20 +1,14 @@
 //! The entry-token gate in front of the purchase routes (SPEC §6): a request to a gated route
 //! reaches the backend only with a valid, matching, unexpired and (with `single_use`) unused
-//! entry token.
-//!
-//! Matching works on the canonical path only (`path.rs` has already rejected ambiguous
-//! spellings): literals compare without case, and any segment in the `{id}` slot makes the request
-//! gated, so an id the backend might still parse (`+42`, ` 42`) cannot slip past as "not a route".
-//! The id must then be plain digits; leading zeros are folded (`042` is target 42, as the backend
-//! reads it), and the canonical path is what the backend receives.
+//! entry token. Which requests are on a gated route is `gated.rs`'s job; this module decides
+//! what happens to them.
 
 use std::time::Duration;
 
 use http::{HeaderMap, Method};
 
-use super::path::CanonicalPath;
+use super::gated::GatedPath;
 use super::AppState;
-use crate::config::GateRoute;
 use crate::error::ApiError;
 use crate::failopen::LocalClaim;
 use crate::identity::IdentityError;
@@ -37,109 +31,6 @@ pub const METHOD_OVERRIDE_HEADERS: [&str; 3] = [
 /// How far in the future a token may expire beyond the configured TTL (clock skew between
 /// instances). A token that claims to live longer was not minted by us.
 const EXPIRY_SKEW_SECS: u64 = 60;
-
-/// A request whose path has the shape of a gated route.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GatedPath {
-    pub route: usize,
-    /// The target, when the id slot holds plain digits naming a positive 64-bit id.
-    pub target: Option<QueueTarget>,
-    /// The path the backend receives: the template with the canonical id.
-    pub canonical: String,
-}
-
-/// Finds the gated route whose shape `path` has, whatever the method.
-pub fn match_route(routes: &[GateRoute], path: &CanonicalPath) -> Option<GatedPath> {
-    routes.iter().enumerate().find_map(|(i, r)| {
-        if r.segments.len() != path.segments.len() {
-            return None;
-        }
-        let mut id_segment = None;
-        for (want, got) in r.segments.iter().zip(&path.segments) {
-            match want {
-                Some(lit) if !lit.eq_ignore_ascii_case(got) => return None,
-                Some(_) => {}
-                None => id_segment = Some(got.as_str()),
-            }
-        }
-        let id = id_segment.and_then(lenient_id);
-        let canonical: Vec<String> = r
-            .segments
-            .iter()
-            .map(|s| match s {
-                Some(lit) => lit.clone(),
-                None => id.map_or_else(
-                    || id_segment.unwrap_or_default().to_string(),
-                    |v| v.to_string(),
-                ),
-            })
-            .collect();
-        Some(GatedPath {
-            route: i,
-            target: id.map(|id| QueueTarget::new(r.target_type, id)),
-            canonical: format!("/{}", canonical.join("/")),
-        })
-    })
-}
-
-/// Whether `path` is a gated route's shape with a suffix glued to one of its literal segments
-/// (`orders.json`, `orders.`, `orders%20`, `select;x` is already refused by the canonicaliser):
-/// backends with suffix-pattern matching or segment trimming route these to the gated handler.
-pub fn lookalike(routes: &[GateRoute], path: &CanonicalPath) -> bool {
-    routes.iter().any(|r| {
-        if r.segments.len() != path.segments.len() {
-            return false;
-        }
-        let mut suffixed = false;
-        for (want, got) in r.segments.iter().zip(&path.segments) {
-            let Some(lit) = want else { continue };
-            if lit.eq_ignore_ascii_case(got) {
-                continue;
-            }
-            // Encoded blanks around a segment are trimmed by some frameworks.
-            let core = trim_blanks(got);
-            let glued = core.eq_ignore_ascii_case(lit)
-                || (core.len() > lit.len()
-                    && core.is_char_boundary(lit.len())
-                    && core[..lit.len()].eq_ignore_ascii_case(lit)
-                    && core[lit.len()..]
-                        .bytes()
-                        .next()
-                        .is_some_and(|b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b'-')));
-            if !glued {
-                return false;
-            }
-            suffixed = true;
-        }
-        suffixed
-    })
-}
-
-/// A segment without encoded spaces at either end (an encoded tab or other control character is
-/// refused by the canonicaliser already).
-fn trim_blanks(s: &str) -> &str {
-    let mut s = s;
-    loop {
-        let before = s.len();
-        s = s.strip_prefix("%20").unwrap_or(s);
-        s = s.strip_suffix("%20").unwrap_or(s);
-        if s.len() == before {
-            return s;
-        }
-    }
-}
-
-/// Digits only (leading zeros allowed and folded), positive, fitting 64 bits.
-fn lenient_id(s: &str) -> Option<u64> {
-    if s.is_empty() || s.len() > 64 || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let digits = s.trim_start_matches('0');
-    if digits.is_empty() || digits.len() > 20 {
-        return None;
-    }
-    digits.parse::<u64>().ok()
-}
 
 /// Why a gated request was refused: the status/code answered and the bounded reason counted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -261,10 +152,10 @@ pub async fn check(
             "the entry token belongs to another user",
         ));
     }
-    if claims.expires_at > now_s + state.config.token_ttl.as_secs() + EXPIRY_SKEW_SECS {
+    if claims.expires_at > now_s + state.config.token.ttl.as_secs() + EXPIRY_SKEW_SECS {
         return Err(deny("expiry_too_far", "the entry token is not valid"));
     }
-    if !state.config.single_use {
+    if !state.config.token.single_use {
         return Ok(Passed {
             target,
             checked: true,
@@ -339,10 +230,8 @@ pub async fn decide(
     identity: Result<u64, IdentityError>,
     now: Now,
 ) -> GateDecision {
-    let Some(route) = state.config.gate_routes.get(g.route) else {
-        return GateDecision::NotGated;
-    };
-    let gated = gates_method(route, method);
+    let route = &g.route;
+    let gated = route.gates(method);
     let denied = if let Err(d) = check_overrides(headers) {
         d
     } else if !gated && super::hygiene::may_create(method) {
@@ -381,113 +270,9 @@ pub async fn decide(
     GateDecision::Refuse(denied)
 }
 
-/// Whether `method` is the one the route gates.
-pub fn gates_method(route: &GateRoute, method: &Method) -> bool {
-    route.method == *method
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
-    use crate::gateway::path::canonicalize;
-    use crate::queue::TargetType;
-
-    fn routes() -> Vec<GateRoute> {
-        Config::from_toml("").unwrap().gate_routes
-    }
-
-    fn m(p: &str) -> Option<GatedPath> {
-        match_route(&routes(), &canonicalize(p.as_bytes()).unwrap())
-    }
-
-    #[test]
-    fn default_routes_match_their_spellings() {
-        let drop42 = Some(QueueTarget::new(TargetType::LimitedDrop, 42));
-        for p in [
-            "/limited-drops/42/orders",
-            "/limited-drops/42/orders/",
-            "//limited-drops//42//orders",
-            "/LIMITED-DROPS/42/Orders",
-            "/limited-drops/%34%32/orders",
-            "/limited-drops/042/orders",
-            "/limited%2Ddrops/42/%6frders",
-        ] {
-            let g = m(p).unwrap_or_else(|| panic!("{p} not gated"));
-            assert_eq!(g.target, drop42, "{p}");
-            assert_eq!(g.canonical, "/limited-drops/42/orders", "{p}");
-        }
-        let g = m("/events/7/seats/select").unwrap();
-        assert_eq!(
-            g.target,
-            Some(QueueTarget::new(TargetType::TicketingEvent, 7))
-        );
-    }
-
-    #[test]
-    fn odd_ids_are_gated_without_a_target() {
-        for p in [
-            "/limited-drops/+42/orders",
-            "/limited-drops/abc/orders",
-            "/limited-drops/0/orders",
-            "/limited-drops/4%202/orders",
-        ] {
-            let g = m(p).unwrap_or_else(|| panic!("{p} not gated"));
-            assert_eq!(g.target, None, "{p}");
-        }
-    }
-
-    #[test]
-    fn other_paths_are_not_gated() {
-        for p in [
-            "/events/7/seats/purchase",
-            "/limited-drops/42",
-            "/limited-drops/42/orders/extra",
-            "/limited-drops/42/orders%20",
-            "/x/limited-drops/42/orders",
-        ] {
-            assert_eq!(m(p), None, "{p}");
-        }
-    }
-
-    #[test]
-    fn lookalikes_of_gated_routes() {
-        let l = |p: &str| lookalike(&routes(), &canonicalize(p.as_bytes()).unwrap());
-        for p in [
-            "/limited-drops/42/orders.json",
-            "/limited-drops/42/orders.",
-            "/limited-drops/42/orders%2e",
-            "/limited-drops/42/orders%20",
-            "/limited-drops/42/ORDERS.xml",
-            "/limited-drops.json/42/orders",
-            "/events/7/seats/select.json",
-            "/events/7/seats~/select",
-            "/limited-drops/42/%20orders",
-            "/limited-drops/42/%20orders%20",
-        ] {
-            assert!(l(p), "{p}");
-        }
-        for p in [
-            "/limited-drops/42/orders",
-            "/limited-drops/42/orders-history",
-            "/limited-drops/42/ordersx",
-            "/limited-drops/42/orders/x",
-            "/events/7/seats/selection",
-        ] {
-            assert!(!l(p), "{p}");
-        }
-    }
-
-    #[test]
-    fn lenient_ids() {
-        assert_eq!(lenient_id("42"), Some(42));
-        assert_eq!(lenient_id("00042"), Some(42));
-        assert_eq!(lenient_id("18446744073709551615"), Some(u64::MAX));
-        for bad in ["", "0", "000", "18446744073709551616", "-1", "+1", "1a"] {
-            assert_eq!(lenient_id(bad), None, "{bad}");
-        }
-    }
-
     #[test]
     fn override_headers_are_refused() {
         let mut h = HeaderMap::new();

@@ -17,6 +17,7 @@
 pub mod admin;
 pub mod api;
 pub mod gate;
+pub mod gated;
 pub mod hygiene;
 pub mod limits;
 pub mod path;
@@ -90,7 +91,7 @@ impl Gateway {
         &self,
         session: &Session,
         ctx: &mut RequestCtx,
-        g: &gate::GatedPath,
+        g: &gated::GatedPath,
         identity: Result<u64, IdentityError>,
     ) -> Option<Reply> {
         let req = session.req_header();
@@ -204,13 +205,13 @@ impl ProxyHttp for Gateway {
         // Bound the idle time of a connection Pingora keeps alive; never turn keep-alive back on
         // for one it closes (HTTP/1.0, `Connection: close`, ambiguous framing).
         if session.get_keepalive().is_some() {
-            session.set_keepalive(Some(self.state.config.keepalive_idle.as_secs()));
+            session.set_keepalive(Some(self.state.config.server.keepalive_idle.as_secs()));
         }
         Ok(())
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        let c = &self.state.config;
+        let c = &self.state.config.server;
         if !hygiene::within_limits(session.req_header(), c.max_header_bytes, c.max_headers) {
             ctx.class = RouteClass::Rejected;
             self.state
@@ -254,7 +255,7 @@ impl ProxyHttp for Gateway {
         ctx.class = RouteClass::Proxy;
         let config = &self.state.config;
         let method = session.req_header().method.clone();
-        let gated = gate::match_route(&config.gate_routes, &canonical);
+        let gated = gated::match_route(&config.gate.routes, &canonical);
         if gated.is_some() && !hygiene::upper_case_method(&method) {
             let r = hygiene::Refusal {
                 reason: "method_case",
@@ -262,7 +263,7 @@ impl ProxyHttp for Gateway {
             };
             return self.reject(session, ctx, r).await;
         }
-        let lookalike = gated.is_none() && gate::lookalike(&config.gate_routes, &canonical);
+        let lookalike = gated.is_none() && gated::lookalike(&config.gate.routes, &canonical);
         if lookalike && gate::check_overrides(&session.req_header().headers).is_err() {
             let r = hygiene::Refusal {
                 reason: "method_override",
@@ -280,7 +281,7 @@ impl ProxyHttp for Gateway {
         if hygiene::wants_upgrade(&session.req_header().headers) {
             let allowed = gated.is_none()
                 && hygiene::websocket_only(&session.req_header().headers)
-                && hygiene::under_prefix(&config.upgrade_prefixes, &canonical.segments);
+                && hygiene::under_prefix(&config.gate.upgrade_prefixes, &canonical.segments);
             if !allowed {
                 let r = hygiene::Refusal {
                     reason: "upgrade",
@@ -357,7 +358,7 @@ impl ProxyHttp for Gateway {
         }
         // Only statuses that mean "not processed" give the claim back; 1xx (100 Continue) is not
         // an answer, and 2xx, 3xx and other errors may follow a completed purchase.
-        if self.state.config.release_on.contains(&status) {
+        if self.state.config.token.release_on.contains(&status) {
             self.release_claim(ctx).await;
         }
         Ok(())
@@ -368,12 +369,12 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         _ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
-        let c = &self.state.config;
+        let c = &self.state.config.upstream;
         let mut peer = HttpPeer::new(self.state.upstream, false, String::new());
-        peer.options.connection_timeout = Some(c.upstream_connect_timeout);
-        peer.options.total_connection_timeout = Some(c.upstream_connect_timeout);
-        peer.options.read_timeout = Some(c.upstream_read_timeout);
-        peer.options.write_timeout = Some(c.upstream_write_timeout);
+        peer.options.connection_timeout = Some(c.connect_timeout);
+        peer.options.total_connection_timeout = Some(c.connect_timeout);
+        peer.options.read_timeout = Some(c.read_timeout);
+        peer.options.write_timeout = Some(c.write_timeout);
         Ok(Box::new(peer))
     }
 

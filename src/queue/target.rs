@@ -6,7 +6,10 @@
 use std::fmt;
 
 /// The two kinds of sale a queue can guard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum TargetType {
     LimitedDrop,
     TicketingEvent,

@@ -24,7 +24,10 @@ use std::time::{Duration, Instant};
 pub use self::http::{Client, Response};
 pub use self::redis::{RedisServer, Resp};
 pub use self::upstream::{Recorded, Upstream};
-pub use vq_gateway::config::ConfigFile;
+pub use vq_gateway::config::{
+    ConfigFile, FailOpenMode, IdentityMode, JwtAlgorithm, LogFormat, StoreKind, TargetsMode,
+    UnregisteredGated,
+};
 
 pub const TEST_SECRET: &str = "test-secret-0123456789abcdef-0123456789";
 

@@ -1,0 +1,313 @@
+//! Validation: each file section (`file.rs`) checked and turned into its subsystem's typed part
+//! (`mod.rs`). Every error names the dotted key at fault.
+
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroU64};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::gateway::gated::GateRoute;
+use crate::identity::{IdentityConfig, JwtConfig, KeySource};
+use crate::queue::QueueTarget;
+
+fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        reason: reason.into(),
+    }
+}
+
+pub(super) fn server(s: &ServerSection) -> Result<ServerConfig, ConfigError> {
+    let listen = socket_addr("server.listen", &s.listen)?;
+    let admin_listen = socket_addr("server.admin_listen", &s.admin_listen)?;
+    if listen == admin_listen {
+        return Err(invalid(
+            "server.admin_listen",
+            "must differ from server.listen",
+        ));
+    }
+    Ok(ServerConfig {
+        listen,
+        admin_listen,
+        threads: in_range("server.threads", s.threads as u64, 1, 256)? as usize,
+        keepalive_idle: secs("server.keepalive_idle_s", s.keepalive_idle_s, 1, 3600)?,
+        grace_period: secs("server.grace_period_s", s.grace_period_s, 0, 3600)?,
+        log_format: s.log_format,
+        max_connections: in_range("server.max_connections", s.max_connections, 1, 1_000_000)?
+            as usize,
+        first_byte_timeout: millis(
+            "server.first_byte_timeout_ms",
+            s.first_byte_timeout_ms,
+            1,
+            3_600_000,
+        )?,
+        // Pingora itself reads at most 1 MiB of header and 256 fields.
+        max_header_bytes: in_range(
+            "server.max_header_bytes",
+            s.max_header_bytes,
+            1024,
+            1_048_575,
+        )? as usize,
+        max_headers: in_range("server.max_headers", s.max_headers, 8, 256)? as usize,
+    })
+}
+
+pub(super) fn upstream(u: &UpstreamSection) -> Result<UpstreamConfig, ConfigError> {
+    Ok(UpstreamConfig {
+        address: host_port("upstream.address", &u.address)?,
+        connect_timeout: millis(
+            "upstream.connect_timeout_ms",
+            u.connect_timeout_ms,
+            1,
+            60_000,
+        )?,
+        read_timeout: millis("upstream.read_timeout_ms", u.read_timeout_ms, 1, 3_600_000)?,
+        write_timeout: millis(
+            "upstream.write_timeout_ms",
+            u.write_timeout_ms,
+            1,
+            3_600_000,
+        )?,
+    })
+}
+
+pub(super) fn store(st: &StoreSection) -> Result<StoreConfig, ConfigError> {
+    let backend = match st.backend {
+        StoreKind::Memory => StoreBackend::Memory,
+        StoreKind::Redis => {
+            if !(st.redis_url.starts_with("redis://") || st.redis_url.starts_with("rediss://")) {
+                return Err(invalid(
+                    "store.redis_url",
+                    "must start with redis:// or rediss://",
+                ));
+            }
+            StoreBackend::Redis {
+                url: st.redis_url.clone(),
+            }
+        }
+    };
+    Ok(StoreConfig {
+        backend,
+        command_timeout: millis("store.command_timeout_ms", st.command_timeout_ms, 1, 10_000)?,
+        max_in_flight: in_range("store.max_in_flight", st.max_in_flight, 1, 1_000_000)? as usize,
+        startup_wait: millis("store.startup_wait_ms", st.startup_wait_ms, 0, 600_000)?,
+    })
+}
+
+pub(super) fn fail_open(fo: &FailOpenSection) -> Result<FailOpenConfig, ConfigError> {
+    let min_replicas = in_range("fail_open.min_replicas", fo.min_replicas, 1, 10_000)? as u32;
+    let max_replicas = in_range("fail_open.max_replicas", fo.max_replicas, 1, 10_000)? as u32;
+    if max_replicas < min_replicas {
+        return Err(invalid(
+            "fail_open.max_replicas",
+            "must be at least fail_open.min_replicas",
+        ));
+    }
+    Ok(FailOpenConfig {
+        mode: fo.mode,
+        min_replicas,
+        max_replicas,
+    })
+}
+
+pub(super) fn queue(q: &QueueSection) -> Result<QueueConfig, ConfigError> {
+    let mut registered = Vec::with_capacity(q.registered.len());
+    for (i, r) in q.registered.iter().enumerate() {
+        let t = QueueTarget::parse_key(r).ok_or_else(|| {
+            invalid(
+                &format!("queue.registered[{i}]"),
+                format!("`{r}` is not TYPE:ID (e.g. LIMITED_DROP:42)"),
+            )
+        })?;
+        registered.push(t);
+    }
+    Ok(QueueConfig {
+        tick: millis("queue.tick_ms", q.tick_ms, 10, 3_600_000)?,
+        batch_size: nonzero_u32("queue.batch_size", q.batch_size)?,
+        max_capacity: NonZeroU64::new(q.max_capacity)
+            .ok_or_else(|| invalid("queue.max_capacity", "must be at least 1"))?,
+        heartbeat_timeout: secs(
+            "queue.heartbeat_timeout_s",
+            q.heartbeat_timeout_s,
+            1,
+            86_400,
+        )?,
+        max_evict_per_tick: nonzero_u32("queue.max_evict_per_tick", q.max_evict_per_tick)?,
+        max_active_targets: nonzero_u32(
+            "queue.max_active_targets",
+            in_range("queue.max_active_targets", q.max_active_targets, 1, 100_000)?,
+        )?,
+        targets: q.targets,
+        registered,
+        unregistered_gated: q.unregistered_gated,
+    })
+}
+
+pub(super) fn token(t: &TokenSection) -> Result<TokenConfig, ConfigError> {
+    env_name("token.secret_env", &t.secret_env)?;
+    env_name("token.previous_secret_env", &t.previous_secret_env)?;
+    if t.secret_env == t.previous_secret_env {
+        return Err(invalid(
+            "token.previous_secret_env",
+            "must name a different variable than token.secret_env",
+        ));
+    }
+    let mut release_on = Vec::with_capacity(t.release_on.len());
+    for (i, code) in t.release_on.iter().enumerate() {
+        if !(400..=599).contains(code) {
+            return Err(invalid(
+                &format!("token.release_on[{i}]"),
+                format!("{code} is not a 4xx or 5xx status (a 2xx or 3xx answer means the purchase went through)"),
+            ));
+        }
+        release_on.push(*code);
+    }
+    Ok(TokenConfig {
+        secret_env: t.secret_env.clone(),
+        previous_secret_env: t.previous_secret_env.clone(),
+        // Capped at the per-target key TTL: a token must not outlive its target's keys, or the
+        // two stores would disagree about an idle admitted user.
+        ttl: secs("token.ttl_s", t.ttl_s, 1, 1_800)?,
+        single_use: t.single_use,
+        release_on,
+    })
+}
+
+pub(super) fn flag(f: &FlagSection) -> Result<FlagConfig, ConfigError> {
+    Ok(FlagConfig {
+        enabled: f.enabled,
+        rollout_percent: in_range("flag.rollout_percent", f.rollout_percent, 0, 100)? as u8,
+    })
+}
+
+pub(super) fn gate(g: &GateSection, u: &UpgradeSection) -> Result<GateConfig, ConfigError> {
+    let mut routes = Vec::with_capacity(g.routes.len());
+    for (i, r) in g.routes.iter().enumerate() {
+        let route = GateRoute::compile(r)
+            .map_err(|e| invalid(&format!("gate.routes[{i}].{}", e.field), e.reason))?;
+        routes.push(Arc::new(route));
+    }
+    let mut upgrade_prefixes = Vec::with_capacity(u.paths.len());
+    for (i, p) in u.paths.iter().enumerate() {
+        let key = format!("upgrade.paths[{i}].prefix");
+        let canonical = crate::gateway::path::canonicalize(p.prefix.as_bytes())
+            .map_err(|e| invalid(&key, format!("`{}`: {e}", p.prefix)))?;
+        if canonical.segments.is_empty() {
+            return Err(invalid(&key, "must name at least one path segment"));
+        }
+        let segments: Vec<String> = canonical
+            .segments
+            .iter()
+            .map(|s| s.to_ascii_lowercase())
+            .collect();
+        if segments[0] == crate::gateway::route::API_PREFIX {
+            return Err(invalid(&key, "the queue API never upgrades"));
+        }
+        upgrade_prefixes.push(segments);
+    }
+    Ok(GateConfig {
+        routes,
+        upgrade_prefixes,
+    })
+}
+
+pub(super) fn identity(s: &IdentitySection) -> Result<IdentityConfig, ConfigError> {
+    match s.mode {
+        IdentityMode::Header => Ok(IdentityConfig::Header),
+        IdentityMode::Jwt => {
+            if s.algorithms.is_empty() {
+                return Err(invalid(
+                    "identity.algorithms",
+                    "name at least one algorithm",
+                ));
+            }
+            let algorithms: Vec<_> = s.algorithms.iter().map(|a| (*a).into()).collect();
+            let key = match (s.key_file.is_empty(), s.jwks_file.is_empty()) {
+                (false, true) => KeySource::File(s.key_file.clone().into()),
+                (true, false) => KeySource::Jwks(s.jwks_file.clone().into()),
+                _ => {
+                    return Err(invalid(
+                        "identity.key_file",
+                        "with mode `jwt`, set exactly one of key_file and jwks_file",
+                    ))
+                }
+            };
+            if algorithms.len() > 1 && matches!(key, KeySource::File(_)) {
+                return Err(invalid(
+                    "identity.algorithms",
+                    "a key_file holds one key: name one algorithm (or use jwks_file)",
+                ));
+            }
+            if s.user_claim.is_empty() {
+                return Err(invalid("identity.user_claim", "must name a claim"));
+            }
+            let opt = |v: &String| (!v.is_empty()).then(|| v.clone());
+            Ok(IdentityConfig::Jwt(JwtConfig {
+                algorithms,
+                key,
+                issuer: opt(&s.issuer),
+                audience: opt(&s.audience),
+                user_claim: s.user_claim.clone(),
+                leeway_s: in_range("identity.leeway_s", s.leeway_s, 0, 600)?,
+            }))
+        }
+    }
+}
+
+fn socket_addr(key: &str, v: &str) -> Result<SocketAddr, ConfigError> {
+    v.parse()
+        .map_err(|_| invalid(key, format!("`{v}` is not an IP:port socket address")))
+}
+
+/// `host:port` with a non-empty host and a non-zero port; resolution happens at start.
+fn host_port(key: &str, v: &str) -> Result<String, ConfigError> {
+    if v.parse::<SocketAddr>().is_ok() {
+        return Ok(v.to_string());
+    }
+    let bad = || invalid(key, format!("`{v}` is not host:port"));
+    let (host, port) = v.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
+    if !host_ok || port == 0 {
+        return Err(bad());
+    }
+    Ok(v.to_string())
+}
+
+fn in_range(key: &str, v: u64, lo: u64, hi: u64) -> Result<u64, ConfigError> {
+    if v < lo || v > hi {
+        return Err(invalid(key, format!("{v} is outside {lo}..={hi}")));
+    }
+    Ok(v)
+}
+
+fn millis(key: &str, v: u64, lo: u64, hi: u64) -> Result<Duration, ConfigError> {
+    in_range(key, v, lo, hi).map(Duration::from_millis)
+}
+
+fn secs(key: &str, v: u64, lo: u64, hi: u64) -> Result<Duration, ConfigError> {
+    in_range(key, v, lo, hi).map(Duration::from_secs)
+}
+
+fn nonzero_u32(key: &str, v: u64) -> Result<NonZeroU32, ConfigError> {
+    let v = u32::try_from(v).map_err(|_| invalid(key, format!("{v} is too large")))?;
+    NonZeroU32::new(v).ok_or_else(|| invalid(key, "must be at least 1"))
+}
+
+fn env_name(key: &str, v: &str) -> Result<(), ConfigError> {
+    let ok = !v.is_empty()
+        && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !v.as_bytes()[0].is_ascii_digit();
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            key,
+            format!("`{v}` is not an environment variable name"),
+        ))
+    }
+}

@@ -1,0 +1,336 @@
+//! The gated route table: route templates (`gate.routes`) compiled once, and the match of a
+//! canonical path against them.
+//!
+//! Matching works on the canonical path only (`path.rs` has already rejected ambiguous
+//! spellings): literals compare without case, and any segment in the `{id}` slot makes the request
+//! gated, so an id the backend might still parse (`+42`, ` 42`) cannot slip past as "not a route".
+//! The id must then be plain digits; leading zeros are folded (`042` is target 42, as the backend
+//! reads it), and the canonical path is what the backend receives. Pure: no I/O.
+
+use std::sync::Arc;
+
+use http::Method;
+
+use super::path::CanonicalPath;
+use super::route::API_PREFIX;
+use crate::config::GateRouteEntry;
+use crate::queue::{QueueTarget, TargetType};
+
+/// A gated route after validation: the path split into literal segments and one `{id}` slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateRoute {
+    pub method: Method,
+    /// Lower-case literal segments; `None` marks the `{id}` slot.
+    pub segments: Vec<Option<String>>,
+    pub target_type: TargetType,
+    /// The template as configured, used as a bounded metric label.
+    pub template: String,
+}
+
+/// Why a `gate.routes` entry cannot be used: the entry's field at fault and the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl GateRoute {
+    /// Compiles one configured route: an HTTP method, and a path of plain-word literal segments
+    /// with exactly one `{id}`, outside the queue API.
+    pub fn compile(entry: &GateRouteEntry) -> Result<GateRoute, RouteError> {
+        let method =
+            Method::from_bytes(entry.method.to_ascii_uppercase().as_bytes()).map_err(|_| {
+                RouteError {
+                    field: "method",
+                    reason: format!("`{}` is not an HTTP method", entry.method),
+                }
+            })?;
+        let bad_path = |why: &str| RouteError {
+            field: "path",
+            reason: format!("`{}` {why}", entry.path),
+        };
+        let rest = entry
+            .path
+            .strip_prefix('/')
+            .ok_or_else(|| bad_path("must start with /"))?;
+        let mut segments = Vec::new();
+        for seg in rest.split('/') {
+            if seg == "{id}" {
+                segments.push(None);
+            } else if !seg.is_empty()
+                && seg
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                segments.push(Some(seg.to_ascii_lowercase()));
+            } else {
+                return Err(bad_path("has a segment that is not a plain word or {id}"));
+            }
+        }
+        if segments.iter().filter(|s| s.is_none()).count() != 1 {
+            return Err(bad_path("must contain exactly one {id}"));
+        }
+        if segments
+            .first()
+            .is_some_and(|s| s.as_deref() == Some(API_PREFIX))
+        {
+            return Err(bad_path("may not be under /virtual-queues"));
+        }
+        Ok(GateRoute {
+            method,
+            segments,
+            target_type: entry.target_type,
+            template: entry.path.clone(),
+        })
+    }
+}
+
+/// A request whose path has the shape of a gated route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatedPath {
+    /// The route whose shape the path has.
+    pub route: Arc<GateRoute>,
+    /// The target, when the id slot holds plain digits naming a positive 64-bit id.
+    pub target: Option<QueueTarget>,
+    /// The path the backend receives: the template with the canonical id.
+    pub canonical: String,
+}
+
+/// Finds the gated route whose shape `path` has, whatever the method.
+pub fn match_route(routes: &[Arc<GateRoute>], path: &CanonicalPath) -> Option<GatedPath> {
+    routes.iter().find_map(|r| {
+        if r.segments.len() != path.segments.len() {
+            return None;
+        }
+        let mut id_segment = None;
+        for (want, got) in r.segments.iter().zip(&path.segments) {
+            match want {
+                Some(lit) if !lit.eq_ignore_ascii_case(got) => return None,
+                Some(_) => {}
+                None => id_segment = Some(got.as_str()),
+            }
+        }
+        let id = id_segment.and_then(lenient_id);
+        let canonical: Vec<String> = r
+            .segments
+            .iter()
+            .map(|s| match s {
+                Some(lit) => lit.clone(),
+                None => id.map_or_else(
+                    || id_segment.unwrap_or_default().to_string(),
+                    |v| v.to_string(),
+                ),
+            })
+            .collect();
+        Some(GatedPath {
+            route: Arc::clone(r),
+            target: id.map(|id| QueueTarget::new(r.target_type, id)),
+            canonical: format!("/{}", canonical.join("/")),
+        })
+    })
+}
+
+/// Whether `path` is a gated route's shape with a suffix glued to one of its literal segments
+/// (`orders.json`, `orders.`, `orders%20`, `select;x` is already refused by the canonicaliser):
+/// backends with suffix-pattern matching or segment trimming route these to the gated handler.
+pub fn lookalike(routes: &[Arc<GateRoute>], path: &CanonicalPath) -> bool {
+    routes.iter().any(|r| {
+        if r.segments.len() != path.segments.len() {
+            return false;
+        }
+        let mut suffixed = false;
+        for (want, got) in r.segments.iter().zip(&path.segments) {
+            let Some(lit) = want else { continue };
+            if lit.eq_ignore_ascii_case(got) {
+                continue;
+            }
+            // Encoded blanks around a segment are trimmed by some frameworks.
+            let core = trim_blanks(got);
+            let glued = core.eq_ignore_ascii_case(lit)
+                || (core.len() > lit.len()
+                    && core.is_char_boundary(lit.len())
+                    && core[..lit.len()].eq_ignore_ascii_case(lit)
+                    && core[lit.len()..]
+                        .bytes()
+                        .next()
+                        .is_some_and(|b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b'-')));
+            if !glued {
+                return false;
+            }
+            suffixed = true;
+        }
+        suffixed
+    })
+}
+
+/// A segment without encoded spaces at either end (an encoded tab or other control character is
+/// refused by the canonicaliser already).
+fn trim_blanks(s: &str) -> &str {
+    let mut s = s;
+    loop {
+        let before = s.len();
+        s = s.strip_prefix("%20").unwrap_or(s);
+        s = s.strip_suffix("%20").unwrap_or(s);
+        if s.len() == before {
+            return s;
+        }
+    }
+}
+
+/// Digits only (leading zeros allowed and folded), positive, fitting 64 bits.
+fn lenient_id(s: &str) -> Option<u64> {
+    if s.is_empty() || s.len() > 64 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let digits = s.trim_start_matches('0');
+    if digits.is_empty() || digits.len() > 20 {
+        return None;
+    }
+    digits.parse::<u64>().ok()
+}
+
+impl GateRoute {
+    /// Whether `method` is the one the route gates.
+    pub fn gates(&self, method: &Method) -> bool {
+        self.method == *method
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, GateSection};
+    use crate::gateway::path::canonicalize;
+
+    fn routes() -> Vec<Arc<GateRoute>> {
+        GateSection::default()
+            .routes
+            .iter()
+            .map(|r| Arc::new(GateRoute::compile(r).unwrap()))
+            .collect()
+    }
+
+    fn entry(method: &str, path: &str) -> GateRouteEntry {
+        GateRouteEntry {
+            method: method.into(),
+            path: path.into(),
+            target_type: TargetType::TicketingEvent,
+        }
+    }
+
+    #[test]
+    fn templates_compile_or_name_the_field() {
+        let r = GateRoute::compile(&entry("put", "/Shop/{id}/Buy")).unwrap();
+        assert_eq!(r.method, Method::PUT);
+        assert_eq!(
+            r.segments,
+            vec![Some("shop".to_string()), None, Some("buy".to_string())]
+        );
+        for (m, p, field) in [
+            ("POST", "/a/b", "path"),
+            ("POST", "a/{id}", "path"),
+            ("POST", "/a/{id}/{id}", "path"),
+            ("POST", "/a/{id}.json", "path"),
+            ("POST", "/virtual-queues/{id}", "path"),
+            ("PO ST", "/a/{id}", "method"),
+        ] {
+            assert_eq!(
+                GateRoute::compile(&entry(m, p)).unwrap_err().field,
+                field,
+                "{m} {p}"
+            );
+        }
+        assert_eq!(Config::from_toml("").unwrap().gate.routes, routes());
+    }
+
+    fn m(p: &str) -> Option<GatedPath> {
+        match_route(&routes(), &canonicalize(p.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn default_routes_match_their_spellings() {
+        let drop42 = Some(QueueTarget::new(TargetType::LimitedDrop, 42));
+        for p in [
+            "/limited-drops/42/orders",
+            "/limited-drops/42/orders/",
+            "//limited-drops//42//orders",
+            "/LIMITED-DROPS/42/Orders",
+            "/limited-drops/%34%32/orders",
+            "/limited-drops/042/orders",
+            "/limited%2Ddrops/42/%6frders",
+        ] {
+            let g = m(p).unwrap_or_else(|| panic!("{p} not gated"));
+            assert_eq!(g.target, drop42, "{p}");
+            assert_eq!(g.canonical, "/limited-drops/42/orders", "{p}");
+        }
+        let g = m("/events/7/seats/select").unwrap();
+        assert_eq!(
+            g.target,
+            Some(QueueTarget::new(TargetType::TicketingEvent, 7))
+        );
+    }
+
+    #[test]
+    fn odd_ids_are_gated_without_a_target() {
+        for p in [
+            "/limited-drops/+42/orders",
+            "/limited-drops/abc/orders",
+            "/limited-drops/0/orders",
+            "/limited-drops/4%202/orders",
+        ] {
+            let g = m(p).unwrap_or_else(|| panic!("{p} not gated"));
+            assert_eq!(g.target, None, "{p}");
+        }
+    }
+
+    #[test]
+    fn other_paths_are_not_gated() {
+        for p in [
+            "/events/7/seats/purchase",
+            "/limited-drops/42",
+            "/limited-drops/42/orders/extra",
+            "/limited-drops/42/orders%20",
+            "/x/limited-drops/42/orders",
+        ] {
+            assert_eq!(m(p), None, "{p}");
+        }
+    }
+
+    #[test]
+    fn lookalikes_of_gated_routes() {
+        let l = |p: &str| lookalike(&routes(), &canonicalize(p.as_bytes()).unwrap());
+        for p in [
+            "/limited-drops/42/orders.json",
+            "/limited-drops/42/orders.",
+            "/limited-drops/42/orders%2e",
+            "/limited-drops/42/orders%20",
+            "/limited-drops/42/ORDERS.xml",
+            "/limited-drops.json/42/orders",
+            "/events/7/seats/select.json",
+            "/events/7/seats~/select",
+            "/limited-drops/42/%20orders",
+            "/limited-drops/42/%20orders%20",
+        ] {
+            assert!(l(p), "{p}");
+        }
+        for p in [
+            "/limited-drops/42/orders",
+            "/limited-drops/42/orders-history",
+            "/limited-drops/42/ordersx",
+            "/limited-drops/42/orders/x",
+            "/events/7/seats/selection",
+        ] {
+            assert!(!l(p), "{p}");
+        }
+    }
+
+    #[test]
+    fn lenient_ids() {
+        assert_eq!(lenient_id("42"), Some(42));
+        assert_eq!(lenient_id("00042"), Some(42));
+        assert_eq!(lenient_id("18446744073709551615"), Some(u64::MAX));
+        for bad in ["", "0", "000", "18446744073709551616", "-1", "+1", "1a"] {
+            assert_eq!(lenient_id(bad), None, "{bad}");
+        }
+    }
+}
