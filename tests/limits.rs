@@ -73,7 +73,7 @@ fn a_silent_connection_is_closed_after_the_first_byte_timeout() {
     let took = t.elapsed();
     assert!(took >= Duration::from_millis(250), "{took:?}");
     // A kept-alive connection idles for keepalive_idle_s, not the first-byte timeout.
-    let mut c = gw.client();
+    let mut c = gw.raw();
     assert_eq!(c.get("/a", &[]).unwrap().status, 200);
     let port = c.local_port();
     std::thread::sleep(Duration::from_millis(600));

@@ -115,7 +115,8 @@ fn slow_backend_answers_504_after_the_read_timeout() {
 fn local_responses_keep_the_connection_alive() {
     let up = Upstream::start();
     let gw = GatewayProc::start(test_config(up.addr));
-    let mut c = gw.client();
+    // Raw: the test watches one connection's port and its close.
+    let mut c = gw.raw();
     let mut port = None;
     for i in 0..20 {
         // Errors, successes and a POST with a body: all answered locally.

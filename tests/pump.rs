@@ -244,8 +244,7 @@ fn the_bound_holds_with_the_lock_deleted_continuously() {
     let deleter = {
         let stop = stop.clone();
         std::thread::spawn(move || {
-            let s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-            let mut conn = common::redis::RespConn::new(s);
+            let conn = common::redis::RedisConn::connect(port).unwrap();
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 conn.cmd(&["DEL", &format!("{P}lock")]).unwrap();
@@ -294,8 +293,8 @@ fn users_who_stop_polling_are_evicted_others_keep_their_place() {
         })
     };
     let evicted = wait_until(Duration::from_secs(8), || {
-        redis.cmd(&["ZSCORE", &format!("{P}waiting"), "1"]) == Resp::Bulk(None)
-            && redis.cmd(&["GET", &format!("{P}token:1")]) == Resp::Bulk(None)
+        redis.cmd(&["ZSCORE", &format!("{P}waiting"), "1"]) == Resp::Nil
+            && redis.cmd(&["GET", &format!("{P}token:1")]) == Resp::Nil
     });
     stop.store(true, Ordering::Relaxed);
     let lost = poller.join().unwrap();

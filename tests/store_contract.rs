@@ -487,11 +487,11 @@ async fn redis_keys_follow_the_contract() {
     assert!((295..=300).contains(&ttl), "token ttl {ttl}");
     assert_eq!(
         redis.cmd(&["ZSCORE", &format!("{p}waiting"), "1001"]),
-        common::Resp::Bulk(None)
+        common::Resp::Nil
     );
     assert_eq!(
         redis.cmd(&["ZSCORE", &format!("{p}heartbeat"), "1001"]),
-        common::Resp::Bulk(None)
+        common::Resp::Nil
     );
 
     // The pump lock: SET NX PX, owned, released only by its owner.

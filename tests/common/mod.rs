@@ -4,7 +4,8 @@
 //!   pause (SIGSTOP), resume and restart, with a tiny RESP client for assertions.
 //! - `Upstream`: a real HTTP/1.1 backend that records every request it receives.
 //! - `GatewayProc`: the real `vq-gateway` binary, configured from a `ConfigFile` built in code.
-//! - `Client`: a raw HTTP/1.1 client, so tests control every byte and see connection reuse.
+//! - `Client`: an HTTP client crate (`ureq`) for ordinary requests; `RawConn`: a raw HTTP/1.1
+//!   connection for byte-level cases (spellings, smuggling, connection reuse and close).
 //!
 //! Waits poll with deadlines; nothing sleeps for a fixed time to "let things settle".
 
@@ -12,6 +13,7 @@
 
 pub mod http;
 pub mod load;
+pub mod raw;
 pub mod redis;
 pub mod upstream;
 
@@ -21,7 +23,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-pub use self::http::{Client, Response};
+pub use self::http::{Client, Http, Response};
+pub use self::raw::RawConn;
 pub use self::redis::{RedisServer, Resp};
 pub use self::upstream::{Recorded, Upstream};
 pub use vq_gateway::config::{
@@ -200,6 +203,11 @@ impl GatewayProc {
 
     pub fn client(&self) -> Client {
         Client::connect(self.listen)
+    }
+
+    /// A raw connection to the public listener, for byte-level cases.
+    pub fn raw(&self) -> RawConn {
+        RawConn::connect(self.listen)
     }
 
     pub fn admin_client(&self) -> Client {

@@ -1,26 +1,33 @@
-//! A private `redis-server` per test, and a minimal synchronous RESP client for assertions.
+//! A private `redis-server` per test, and `RedisConn`, a fred client for assertions (the tests are
+//! synchronous; the client runs on a small runtime of its own).
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
+
+use fred::prelude::{Builder, ClientLike, Config, Value};
+use fred::types::{ClusterHash, CustomCommand};
+use parking_lot::Mutex;
 
 use super::{free_port, wait_until, TempDir};
 
+/// A reply, as the assertions look at it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Resp {
-    Simple(String),
-    Error(String),
+    /// A status or bulk string (`OK`, a value, a score).
+    Str(String),
     Int(i64),
-    Bulk(Option<Vec<u8>>),
-    Array(Option<Vec<Resp>>),
+    Nil,
+    Array(Vec<Resp>),
+    /// An error reply (`-ERR ...`, `-NOSCRIPT ...`).
+    Error(String),
 }
 
 impl Resp {
     pub fn as_str(&self) -> Option<String> {
         match self {
-            Resp::Simple(s) => Some(s.clone()),
-            Resp::Bulk(Some(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            Resp::Str(s) => Some(s.clone()),
             Resp::Int(i) => Some(i.to_string()),
             _ => None,
         }
@@ -38,14 +45,120 @@ impl Resp {
 
     pub fn as_vec(&self) -> Vec<Resp> {
         match self {
-            Resp::Array(Some(v)) => v.clone(),
+            Resp::Array(v) => v.clone(),
             other => panic!("not an array: {other:?}"),
         }
+    }
+
+    fn from_value(v: Value) -> Resp {
+        match v {
+            Value::Null => Resp::Nil,
+            Value::Integer(i) => Resp::Int(i),
+            Value::Boolean(b) => Resp::Int(i64::from(b)),
+            Value::Double(d) => Resp::Str(d.to_string()),
+            Value::String(s) => Resp::Str(s.to_string()),
+            Value::Bytes(b) => Resp::Str(String::from_utf8_lossy(&b).into_owned()),
+            Value::Array(a) => Resp::Array(a.into_iter().map(Resp::from_value).collect()),
+            Value::Map(m) => Resp::Array(
+                m.inner()
+                    .into_iter()
+                    .flat_map(|(k, v)| [Resp::from_value(Value::from(k)), Resp::from_value(v)])
+                    .collect(),
+            ),
+            Value::Queued => Resp::Str("QUEUED".into()),
+        }
+    }
+}
+
+/// Runs `f` to completion on the client runtime, also from inside another runtime (an async
+/// test), where blocking on a runtime directly is not allowed.
+fn block_on<F: std::future::Future + Send>(f: F) -> F::Output
+where
+    F::Output: Send,
+{
+    if tokio::runtime::Handle::try_current().is_ok() {
+        std::thread::scope(|s| {
+            s.spawn(|| runtime().block_on(f))
+                .join()
+                .expect("client thread")
+        })
+    } else {
+        runtime().block_on(f)
+    }
+}
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("test-redis-client")
+            .enable_all()
+            .build()
+            .expect("test runtime")
+    })
+}
+
+/// One fred connection to a test Redis.
+pub struct RedisConn {
+    client: fred::clients::Client,
+}
+
+impl RedisConn {
+    pub fn connect(port: u16) -> std::io::Result<RedisConn> {
+        let mut config = Config::from_url(&format!("redis://127.0.0.1:{port}"))
+            .map_err(std::io::Error::other)?;
+        config.fail_fast = true;
+        let client = Builder::from_config(config)
+            .with_performance_config(|p| p.default_command_timeout = Duration::from_secs(5))
+            .with_connection_config(|c| {
+                c.connection_timeout = Duration::from_secs(2);
+                c.internal_command_timeout = Duration::from_secs(2);
+                c.max_command_attempts = 1;
+            })
+            .build()
+            .map_err(std::io::Error::other)?;
+        block_on(async {
+            // `init` spawns the connection task on this (static) runtime and waits for it.
+            match tokio::time::timeout(Duration::from_secs(3), client.init()).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(std::io::Error::other(e)),
+                Err(_) => Err(std::io::Error::other("connect timed out")),
+            }
+        })?;
+        Ok(RedisConn { client })
+    }
+
+    /// Runs one command. A Redis error reply is `Ok(Resp::Error)`; a transport failure is `Err`.
+    pub fn cmd(&self, args: &[&str]) -> std::io::Result<Resp> {
+        let (name, rest) = args.split_first().expect("a command");
+        let cmd = CustomCommand::new(name.to_string(), ClusterHash::FirstKey, false);
+        let args: Vec<Value> = rest.iter().map(|a| Value::from(*a)).collect();
+        match block_on(self.client.custom::<Value, _>(cmd, args)) {
+            Ok(v) => Ok(Resp::from_value(v)),
+            Err(e) => match e.kind() {
+                fred::error::ErrorKind::IO
+                | fred::error::ErrorKind::Timeout
+                | fred::error::ErrorKind::Canceled => Err(std::io::Error::other(e)),
+                _ => Ok(Resp::Error(e.details().to_string())),
+            },
+        }
+    }
+}
+
+impl Drop for RedisConn {
+    fn drop(&mut self) {
+        let client = self.client.clone();
+        block_on(async move {
+            let _ = tokio::time::timeout(Duration::from_millis(500), client.quit()).await;
+        });
     }
 }
 
 pub struct RedisServer {
     child: Option<Child>,
+    /// A connection for `cmd`, opened on first use and dropped with the process.
+    conn: Mutex<Option<RedisConn>>,
     pub port: u16,
     dir: TempDir,
     persistent: bool,
@@ -55,6 +168,7 @@ impl RedisServer {
     pub fn start() -> RedisServer {
         let mut r = RedisServer {
             child: None,
+            conn: Mutex::new(None),
             port: free_port(),
             dir: TempDir::new("redis"),
             persistent: false,
@@ -68,6 +182,7 @@ impl RedisServer {
     pub fn start_persistent() -> RedisServer {
         let mut r = RedisServer {
             child: None,
+            conn: Mutex::new(None),
             port: free_port(),
             dir: TempDir::new("redis"),
             persistent: true,
@@ -100,11 +215,11 @@ impl RedisServer {
         let port = self.port;
         assert!(
             wait_until(Duration::from_secs(10), || {
-                TcpStream::connect(("127.0.0.1", port)).is_ok_and(|s| {
-                    let mut c = RespConn::new(s);
-                    c.cmd(&["PING"])
-                        .is_ok_and(|r| r == Resp::Simple("PONG".into()))
-                })
+                TcpStream::connect(("127.0.0.1", port)).is_ok()
+                    && RedisConn::connect(port).is_ok_and(|c| {
+                        c.cmd(&["PING"])
+                            .is_ok_and(|r| r == Resp::Str("PONG".into()))
+                    })
             }),
             "redis-server did not start on {port}"
         );
@@ -114,13 +229,24 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// Runs one command on a fresh connection.
+    /// Runs one command (panics on a transport failure; an error reply is `Resp::Error`).
     pub fn cmd(&self, args: &[&str]) -> Resp {
-        let s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        RespConn::new(s).cmd(args).unwrap()
+        let mut conn = self.conn.lock();
+        if conn.is_none() {
+            *conn = Some(RedisConn::connect(self.port).unwrap());
+        }
+        let result = conn.as_ref().map(|c| c.cmd(args)).expect("just set");
+        match result {
+            Ok(r) => r,
+            Err(e) => {
+                *conn = None;
+                panic!("redis {args:?}: {e}");
+            }
+        }
     }
 
     pub fn kill(&mut self) {
+        *self.conn.lock() = None;
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -155,70 +281,4 @@ impl Drop for RedisServer {
         self.resume();
         self.kill();
     }
-}
-
-pub struct RespConn {
-    r: BufReader<TcpStream>,
-}
-
-impl RespConn {
-    pub fn new(s: TcpStream) -> RespConn {
-        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-        RespConn {
-            r: BufReader::new(s),
-        }
-    }
-
-    pub fn cmd(&mut self, args: &[&str]) -> std::io::Result<Resp> {
-        let mut out = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-            out.extend_from_slice(a.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-        self.r.get_mut().write_all(&out)?;
-        read_resp(&mut self.r)
-    }
-}
-
-fn read_resp(r: &mut BufReader<TcpStream>) -> std::io::Result<Resp> {
-    let mut line = String::new();
-    if r.read_line(&mut line)? == 0 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            "closed",
-        ));
-    }
-    let line = line.trim_end_matches(['\r', '\n']);
-    let (kind, rest) = line.split_at(1);
-    let bad = || std::io::Error::other(format!("bad RESP line {line:?}"));
-    Ok(match kind {
-        "+" => Resp::Simple(rest.to_string()),
-        "-" => Resp::Error(rest.to_string()),
-        ":" => Resp::Int(rest.parse().map_err(|_| bad())?),
-        "$" => {
-            let n: i64 = rest.parse().map_err(|_| bad())?;
-            if n < 0 {
-                Resp::Bulk(None)
-            } else {
-                let mut b = vec![0; n as usize + 2];
-                r.read_exact(&mut b)?;
-                b.truncate(n as usize);
-                Resp::Bulk(Some(b))
-            }
-        }
-        "*" => {
-            let n: i64 = rest.parse().map_err(|_| bad())?;
-            if n < 0 {
-                Resp::Array(None)
-            } else {
-                let mut v = Vec::with_capacity(n as usize);
-                for _ in 0..n {
-                    v.push(read_resp(r)?);
-                }
-                Resp::Array(Some(v))
-            }
-        }
-        _ => return Err(bad()),
-    })
 }
