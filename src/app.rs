@@ -9,7 +9,6 @@ use std::sync::Arc;
 use crate::config::Config;
 use crate::failopen::{LocalClaims, Pacer};
 use crate::flag::Flag;
-use crate::gateway::stats;
 use crate::metrics::Metrics;
 use crate::queue::QueueTarget;
 use crate::store::{GuardConfig, QueueStore, StoreGuard};
@@ -32,7 +31,7 @@ pub struct AppState {
     pub identity: crate::identity::Identity,
     /// Which targets may have a queue (`queue.targets`).
     pub registry: crate::registry::Registry,
-    pub stats_cache: stats::StatsCache,
+    pub stats_cache: crate::queue::stats_cache::StatsCache,
 }
 
 impl AppState {

@@ -122,7 +122,7 @@ impl RedisConnection {
             if store.probe().await.is_err() || self.state.claims.pending_len() == 0 {
                 continue;
             }
-            let now = crate::gateway::api::now();
+            let now = crate::clock::now();
             let pending = self.state.claims.take_pending(now.epoch_ms / 1000);
             let mut left = Vec::new();
             let mut written = 0usize;

@@ -5,19 +5,23 @@
 //! - `background` — the Redis connection (start-up, health probe, claim write-back), the
 //!   run-time settings refresher (flag, registered sales) and the JWT key watcher.
 //! - `clock`    — the one clock: wall time for requests, `Clock` (real or virtual) for the pump.
-//! - `config`   — TOML file → validated `Config` (SPEC §8).
+//! - `config`   — TOML file (`file.rs`, serde enums) → validated (`check.rs`) `Config`, one typed
+//!   part per subsystem (SPEC §8).
 //! - `cli`      — `serve`, `check-config`, `flag show|set`.
 //! - `ops`      — the `flag` commands: read and write `queue:flag` in Redis.
 //! - `server`   — builds the Pingora server: ports, upstream, store, services and their order.
-//! - `gateway`  — the public listener (`ProxyHttp`): `path` (strict canonicalisation),
-//!   `route` (classification), `hygiene` (header, method and upgrade spellings refused before
-//!   routing), `api` (queue handlers), `gate` (entry-token check on purchase routes), `stats`
-//!   (the per-replica stats cache), `limits` (connections at once, first-byte deadline), `admin`
-//!   (health, readiness, metrics).
+//! - `gateway`  — the public listener (`ProxyHttp`): `route` (classification, `ApiOp`),
+//!   `hygiene` (header, method and upgrade spellings refused before routing), `api` (queue
+//!   handlers), `gate` (`decide`: the entry-token check), `limits` (connections at once,
+//!   first-byte deadline), `admin` (health, readiness, metrics).
+//! - `routing`  — pure: `path` (strict canonicalisation) and `gated` (the purchase route table:
+//!   templates compiled from `gate.routes`, matching, look-alikes); shared by `gateway` and
+//!   `config`.
 //! - `identity` — who the user is: `X-User-Id` from a trusted load balancer, or a verified JWT.
 //! - `registry` — which targets may have a queue (`any` or `registered`).
-//! - `queue`    — pure domain: targets, positions, ETA, response JSON.
-//! - `store`    — `QueueStore` trait; `RedisStore` (Lua in `lua/`) and `MemoryStore`, both behind
+//! - `queue`    — pure domain: targets, positions, ETA, response JSON, the per-replica stats cache.
+//! - `store`    — `QueueStore` trait; `RedisStore` (`redis/`, Lua in `lua/`) and `MemoryStore`
+//!   (`memory/`, the executable model of the scripts), both behind
 //!   `StoreGuard` (deadlines, per-class in-flight limits, circuit breaker, health), which every
 //!   caller goes through.
 //! - `failopen` — what a replica does while its store cannot be used: the mode, the paced budget,
@@ -37,7 +41,7 @@
 //! classified; the user comes from `identity`.
 //! `/virtual-queues/**` is answered locally by `api::handle` over the guarded store (a failed
 //! call is answered per `fail_open.mode`). A path with
-//! a gated route's shape goes through `gate::check` (token, user, single-use claim) and reaches
+//! a gated route's shape (`gated::match_route`) goes through `gate::decide` (token, user, single-use claim) and reaches
 //! the backend under its canonical path without the token; everything else goes to
 //! `upstream_peer` (the backend, resolved once) unchanged. `logging` records one line and the
 //! metrics per request.
@@ -58,6 +62,7 @@ pub mod ops;
 pub mod pump;
 pub mod queue;
 pub mod registry;
+pub mod routing;
 pub mod server;
 pub mod store;
 pub mod token;

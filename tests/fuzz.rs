@@ -6,9 +6,9 @@
 
 use proptest::prelude::*;
 use vq_gateway::config::Config;
-use vq_gateway::gateway::gated::{lookalike, match_route};
-use vq_gateway::gateway::path::canonicalize;
 use vq_gateway::queue::TargetType;
+use vq_gateway::routing::gated::{lookalike, match_route};
+use vq_gateway::routing::path::canonicalize;
 use vq_gateway::token::{mint, verify, TokenClaims, TokenKeys};
 
 /// Path-ish bytes: mostly the characters that matter for tricks, plus anything.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::RedisServer;
-use vq_gateway::gateway::api::now;
+use vq_gateway::clock::now;
 use vq_gateway::queue::{QueueTarget, TargetType};
 use vq_gateway::store::{
     AdvanceOutcome, EnterOutcome, MemoryStore, Now, PollOutcome, QueueStore, RedisStore,

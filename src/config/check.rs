@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::gateway::gated::GateRoute;
 use crate::identity::{IdentityConfig, JwtConfig, KeySource};
 use crate::queue::QueueTarget;
+use crate::routing::gated::GateRoute;
 
 fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
@@ -184,14 +184,14 @@ pub(super) fn flag(f: &FlagSection) -> Result<FlagConfig, ConfigError> {
 pub(super) fn gate(g: &GateSection, u: &UpgradeSection) -> Result<GateConfig, ConfigError> {
     let mut routes = Vec::with_capacity(g.routes.len());
     for (i, r) in g.routes.iter().enumerate() {
-        let route = GateRoute::compile(r)
+        let route = GateRoute::compile(&r.method, &r.path, r.target_type)
             .map_err(|e| invalid(&format!("gate.routes[{i}].{}", e.field), e.reason))?;
         routes.push(Arc::new(route));
     }
     let mut upgrade_prefixes = Vec::with_capacity(u.paths.len());
     for (i, p) in u.paths.iter().enumerate() {
         let key = format!("upgrade.paths[{i}].prefix");
-        let canonical = crate::gateway::path::canonicalize(p.prefix.as_bytes())
+        let canonical = crate::routing::path::canonicalize(p.prefix.as_bytes())
             .map_err(|e| invalid(&key, format!("`{}`: {e}", p.prefix)))?;
         if canonical.segments.is_empty() {
             return Err(invalid(&key, "must name at least one path segment"));
@@ -201,7 +201,7 @@ pub(super) fn gate(g: &GateSection, u: &UpgradeSection) -> Result<GateConfig, Co
             .iter()
             .map(|s| s.to_ascii_lowercase())
             .collect();
-        if segments[0] == crate::gateway::route::API_PREFIX {
+        if segments[0] == crate::routing::API_PREFIX {
             return Err(invalid(&key, "the queue API never upgrades"));
         }
         upgrade_prefixes.push(segments);

@@ -19,9 +19,9 @@ mod file;
 
 pub use file::*;
 
-use crate::gateway::gated::GateRoute;
 use crate::identity::IdentityConfig;
 use crate::queue::QueueTarget;
+use crate::routing::gated::GateRoute;
 
 /// Error for a configuration that cannot be used. `key` is the dotted TOML key at fault.
 #[derive(Debug, thiserror::Error)]

@@ -11,11 +11,12 @@ use std::time::Instant;
 use http::HeaderMap;
 
 use super::route::{ApiCall, ApiOp};
-use super::stats::Lookup;
 use crate::app::AppState;
+use crate::clock::now;
 use crate::error::ApiError;
 use crate::failopen::FailOpenMode;
 use crate::identity::IdentityError;
+use crate::queue::stats_cache::Lookup;
 use crate::queue::{
     eta_seconds, EntryStatus, QueueEntryResponse, QueueStats, QueueStatsResponse, QueueTarget,
 };
@@ -106,8 +107,6 @@ pub fn user_or_error(
         (Err(IdentityError::Invalid(why)), true) => Err(ApiError::Unauthorized(why)),
     }
 }
-
-pub use crate::clock::now;
 
 pub async fn handle(state: &AppState, call: ApiCall, headers: &HeaderMap) -> Reply {
     match state.registry.standing(call.target) {
@@ -340,7 +339,7 @@ fn log_too_many(target: QueueTarget, cap: u32, now: Now) {
 const STATS_BUSY_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
 const STATS_BUSY_WAITS: usize = 60;
 
-/// Stats come from the per-replica cache (`stats.rs`): at most one store call per target and
+/// Stats come from the per-replica cache (`queue::stats_cache`): at most one store call per target and
 /// second per replica, whatever the request rate.
 async fn stats(state: &AppState, target: QueueTarget) -> Result<Reply, ApiError> {
     let reply = |s: QueueStats| Reply::json(200, &QueueStatsResponse::from(s));

@@ -1,19 +1,19 @@
 //! The entry-token gate in front of the purchase routes (SPEC §6): a request to a gated route
 //! reaches the backend only with a valid, matching, unexpired and (with `single_use`) unused
-//! entry token. Which requests are on a gated route is `gated.rs`'s job; this module decides
+//! entry token. Which requests are on a gated route is `routing::gated`'s job; this module decides
 //! what happens to them.
 
 use std::time::Duration;
 
 use http::{HeaderMap, Method};
 
-use super::gated::GatedPath;
 use super::AppState;
 use crate::error::ApiError;
 use crate::failopen::LocalClaim;
 use crate::identity::IdentityError;
 use crate::queue::QueueTarget;
 use crate::registry::{Standing, UnregisteredGated};
+use crate::routing::gated::GatedPath;
 use crate::store::Now;
 use crate::store::{QueueStore, StoreError};
 use crate::token::{verify, MAX_TOKEN_LEN};

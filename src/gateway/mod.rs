@@ -3,7 +3,8 @@
 //!
 //! Phases, one job each:
 //! - `early_request_filter`: bound the idle keep-alive of the downstream connection.
-//! - `request_filter`: canonicalise the path once, classify it (`route.rs`), answer the queue API
+//! - `request_filter`: canonicalise the path once (`routing::path`), classify it (`route.rs`,
+//!   `routing::gated`), answer the queue API
 //!   (`api.rs`), check the entry token on gated routes (`gate.rs`) or reject bad requests locally;
 //!   everything else continues to the backend.
 //! - `upstream_request_filter`: forward the canonical path of a gated route (origin-form), never
@@ -17,12 +18,9 @@
 pub mod admin;
 pub mod api;
 pub mod gate;
-pub mod gated;
 pub mod hygiene;
 pub mod limits;
-pub mod path;
 pub mod route;
-pub mod stats;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,6 +34,7 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 
 use crate::error::ApiError;
 use crate::identity::IdentityError;
+use crate::routing::{gated, path};
 use crate::store::QueueStore;
 use api::Reply;
 use route::RouteClass;
@@ -95,7 +94,7 @@ impl Gateway {
         identity: Result<u64, IdentityError>,
     ) -> Option<Reply> {
         let req = session.req_header();
-        let now = api::now();
+        let now = crate::clock::now();
         match gate::decide(&self.state, g, &req.method, &req.headers, identity, now).await {
             gate::GateDecision::NotGated => None,
             gate::GateDecision::Pass { claim } => {

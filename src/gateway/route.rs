@@ -1,17 +1,14 @@
 //! Request classification: every request is classified once, from its canonical path, into a
 //! bounded `RouteClass` (also the metric label) and, for the queue API, the call it names.
 //!
-//! Pure: no I/O. The canonicaliser (`path.rs`) has already rejected ambiguous spellings.
+//! Pure: no I/O. The canonicaliser (`routing::path`) has already rejected ambiguous spellings.
 
 use http::Method;
 
-use super::path::CanonicalPath;
 use crate::error::ApiError;
 use crate::queue::{parse_positive_id, QueueTarget, TargetType};
-
-/// First path segment owned by the gateway (compared without case: nothing under it, however
-/// spelled, may reach the backend).
-pub const API_PREFIX: &str = "virtual-queues";
+use crate::routing::path::CanonicalPath;
+pub use crate::routing::API_PREFIX;
 
 /// Bounded route classes, used as the `route_class` metric label and in logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +108,7 @@ pub fn parse_api(path: &CanonicalPath, method: &Method) -> Result<ApiCall, ApiEr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::path::canonicalize;
+    use crate::routing::path::canonicalize;
 
     fn parse(p: &str, m: Method) -> Result<ApiCall, ApiError> {
         let c = canonicalize(p.as_bytes()).unwrap();

@@ -1,8 +1,10 @@
-//! The queue domain: targets, positions, statuses and the JSON the API answers with.
+//! The queue domain: targets, positions, statuses, the JSON the API answers with, and the
+//! per-replica stats cache.
 //!
 //! Everything here is pure (no I/O, no clock reads): stores and handlers pass the numbers in.
 
 mod position;
+pub mod stats_cache;
 mod status;
 mod target;
 

@@ -10,6 +10,8 @@
 //!
 //! fred spawns its connection task on the runtime that calls `connect`, so `connect` is called
 //! from a Pingora background service whose runtime lives as long as the server.
+//!
+//! The operator-facing keys (flag, registered sales, memory settings) are `settings.rs`.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -20,8 +22,10 @@ use fred::prelude::*;
 use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand};
 
-use super::replies::{self, as_u64, protocol, reply_array};
-use super::scripts::{Key, Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_KEY, REGISTERED_KEY};
+mod settings;
+
+use super::replies::{self, as_u64, reply_array};
+use super::scripts::{Key, Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_KEY};
 use super::{
     Advance, EnterOutcome, Instances, Now, PollOutcome, QueueStore, StoreError, TokenCandidate,
     ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
@@ -113,34 +117,6 @@ impl RedisStore {
         reached
     }
 
-    /// `maxmemory` and `maxmemory-policy` as Redis reports them (None where `CONFIG` is refused,
-    /// as on some managed services).
-    pub async fn memory_config(&self) -> Option<(u64, String)> {
-        let reply = self
-            .command("CONFIG", vec!["GET".into(), "maxmemory*".into()])
-            .await
-            .ok()?;
-        let pairs: Vec<(String, String)> = match reply {
-            Value::Map(map) => map
-                .inner()
-                .into_iter()
-                .filter_map(|(k, v)| Some((k.as_str()?.to_string(), v.as_string()?)))
-                .collect(),
-            Value::Array(items) => items
-                .chunks(2)
-                .filter_map(|p| Some((p.first()?.as_string()?, p.get(1)?.as_string()?)))
-                .collect(),
-            _ => return None,
-        };
-        let get = |name: &str| {
-            pairs
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
-        Some((get("maxmemory")?.parse().ok()?, get("maxmemory-policy")?))
-    }
-
     async fn load_scripts(&self) {
         for script in self.scripts.all() {
             let loaded = self
@@ -150,47 +126,6 @@ impl RedisStore {
                 tracing::warn!(script = script.name, error = %e.details(), "loading a script failed; it loads on first use");
             }
         }
-    }
-
-    /// The fields of the runtime flag hash (`queue:flag`).
-    pub async fn read_flag(&self) -> Result<Vec<(String, String)>, StoreError> {
-        let reply = self
-            .command("HGETALL", vec![crate::flag::FLAG_KEY.into()])
-            .await
-            .map_err(store_err)?;
-        let items = match reply {
-            Value::Map(map) => map
-                .inner()
-                .into_iter()
-                .map(|(k, v)| (k.as_str().map(|s| s.to_string()), v.as_string()))
-                .collect::<Vec<_>>(),
-            Value::Array(items) => items
-                .chunks(2)
-                .map(|pair| {
-                    (
-                        pair.first().and_then(|k| k.as_string()),
-                        pair.get(1).and_then(|v| v.as_string()),
-                    )
-                })
-                .collect(),
-            Value::Null => Vec::new(),
-            other => return Err(protocol("flag hash", &other)),
-        };
-        Ok(items
-            .into_iter()
-            .filter_map(|(k, v)| Some((k?, v?)))
-            .collect())
-    }
-
-    /// Writes fields of the runtime flag hash.
-    pub async fn write_flag(&self, fields: &[(String, String)]) -> Result<(), StoreError> {
-        let mut args: Vec<Value> = vec![crate::flag::FLAG_KEY.into()];
-        for (k, v) in fields {
-            args.push(k.as_str().into());
-            args.push(v.as_str().into());
-        }
-        self.command("HSET", args).await.map_err(store_err)?;
-        Ok(())
     }
 
     async fn command(&self, name: &'static str, args: Vec<Value>) -> Result<Value, Error> {
@@ -251,27 +186,6 @@ impl RedisStore {
             .eval(&self.scripts.admit, vec![ACTIVE_KEY.to_string()], argv)
             .await?;
         Ok(as_u64(&reply, "admit")? == 1)
-    }
-
-    /// The targets ops registered (`queue:targets`), for `queue.targets = "registered"`.
-    pub async fn registered_targets(&self) -> Result<Vec<String>, StoreError> {
-        let reply = self
-            .command("SMEMBERS", vec![REGISTERED_KEY.into()])
-            .await
-            .map_err(store_err)?;
-        Ok(reply_array(reply, "registered")?
-            .iter()
-            .filter_map(|v| v.as_string())
-            .collect())
-    }
-
-    /// Adds (`add`) or removes a registered target.
-    pub async fn write_registered(&self, target: QueueTarget, add: bool) -> Result<(), StoreError> {
-        let cmd = if add { "SADD" } else { "SREM" };
-        self.command(cmd, vec![REGISTERED_KEY.into(), target.to_string().into()])
-            .await
-            .map_err(store_err)?;
-        Ok(())
     }
 
     /// Adds the target to `queue:active` at most every `ACTIVE_REFRESH` per instance.

@@ -12,8 +12,7 @@ use std::sync::Arc;
 use http::Method;
 
 use super::path::CanonicalPath;
-use super::route::API_PREFIX;
-use crate::config::GateRouteEntry;
+use super::API_PREFIX;
 use crate::queue::{QueueTarget, TargetType};
 
 /// A gated route after validation: the path split into literal segments and one `{id}` slot.
@@ -37,20 +36,21 @@ pub struct RouteError {
 impl GateRoute {
     /// Compiles one configured route: an HTTP method, and a path of plain-word literal segments
     /// with exactly one `{id}`, outside the queue API.
-    pub fn compile(entry: &GateRouteEntry) -> Result<GateRoute, RouteError> {
-        let method =
-            Method::from_bytes(entry.method.to_ascii_uppercase().as_bytes()).map_err(|_| {
-                RouteError {
-                    field: "method",
-                    reason: format!("`{}` is not an HTTP method", entry.method),
-                }
+    pub fn compile(
+        method: &str,
+        path: &str,
+        target_type: TargetType,
+    ) -> Result<GateRoute, RouteError> {
+        let parsed =
+            Method::from_bytes(method.to_ascii_uppercase().as_bytes()).map_err(|_| RouteError {
+                field: "method",
+                reason: format!("`{}` is not an HTTP method", method),
             })?;
         let bad_path = |why: &str| RouteError {
             field: "path",
-            reason: format!("`{}` {why}", entry.path),
+            reason: format!("`{}` {why}", path),
         };
-        let rest = entry
-            .path
+        let rest = path
             .strip_prefix('/')
             .ok_or_else(|| bad_path("must start with /"))?;
         let mut segments = Vec::new();
@@ -77,10 +77,10 @@ impl GateRoute {
             return Err(bad_path("may not be under /virtual-queues"));
         }
         Ok(GateRoute {
-            method,
+            method: parsed,
             segments,
-            target_type: entry.target_type,
-            template: entry.path.clone(),
+            target_type,
+            template: path.to_string(),
         })
     }
 }
@@ -200,27 +200,23 @@ impl GateRoute {
 mod tests {
     use super::*;
     use crate::config::{Config, GateSection};
-    use crate::gateway::path::canonicalize;
+    use crate::routing::path::canonicalize;
 
     fn routes() -> Vec<Arc<GateRoute>> {
         GateSection::default()
             .routes
             .iter()
-            .map(|r| Arc::new(GateRoute::compile(r).unwrap()))
+            .map(|r| Arc::new(GateRoute::compile(&r.method, &r.path, r.target_type).unwrap()))
             .collect()
     }
 
-    fn entry(method: &str, path: &str) -> GateRouteEntry {
-        GateRouteEntry {
-            method: method.into(),
-            path: path.into(),
-            target_type: TargetType::TicketingEvent,
-        }
+    fn compile(method: &str, path: &str) -> Result<GateRoute, RouteError> {
+        GateRoute::compile(method, path, TargetType::TicketingEvent)
     }
 
     #[test]
     fn templates_compile_or_name_the_field() {
-        let r = GateRoute::compile(&entry("put", "/Shop/{id}/Buy")).unwrap();
+        let r = compile("put", "/Shop/{id}/Buy").unwrap();
         assert_eq!(r.method, Method::PUT);
         assert_eq!(
             r.segments,
@@ -234,11 +230,7 @@ mod tests {
             ("POST", "/virtual-queues/{id}", "path"),
             ("PO ST", "/a/{id}", "method"),
         ] {
-            assert_eq!(
-                GateRoute::compile(&entry(m, p)).unwrap_err().field,
-                field,
-                "{m} {p}"
-            );
+            assert_eq!(compile(m, p).unwrap_err().field, field, "{m} {p}");
         }
         assert_eq!(Config::from_toml("").unwrap().gate.routes, routes());
     }
