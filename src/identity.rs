@@ -21,6 +21,7 @@ use http::HeaderMap;
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
+use crate::headers::{self, BadHeader};
 use crate::queue::parse_positive_id;
 
 pub const USER_HEADER: &str = "x-user-id";
@@ -120,15 +121,16 @@ impl Identity {
     }
 
     fn verify_jwt(&self, cfg: &JwtConfig, headers: &HeaderMap) -> Result<u64, IdentityError> {
-        let mut values = headers.get_all(http::header::AUTHORIZATION).iter();
-        let value = match (values.next(), values.next()) {
-            (None, _) => return Err(IdentityError::Missing),
-            (Some(v), None) => v,
-            _ => return Err(IdentityError::Invalid("more than one Authorization header")),
+        let value = match headers::single(headers, http::header::AUTHORIZATION) {
+            Ok(Some(v)) => v,
+            Ok(None) => return Err(IdentityError::Missing),
+            Err(BadHeader::Repeated) => {
+                return Err(IdentityError::Invalid("more than one Authorization header"))
+            }
+            Err(BadHeader::NotAscii) => {
+                return Err(IdentityError::Invalid("Authorization is not ASCII"))
+            }
         };
-        let value = value
-            .to_str()
-            .map_err(|_| IdentityError::Invalid("Authorization is not ASCII"))?;
         let token = match value.split_once(' ') {
             Some((scheme, t)) if scheme.eq_ignore_ascii_case("bearer") => t.trim(),
             _ => {
@@ -212,19 +214,17 @@ impl Identity {
 }
 
 fn from_header(headers: &HeaderMap) -> Result<u64, IdentityError> {
-    let mut values = headers.get_all(USER_HEADER).iter();
-    let value = match (values.next(), values.next()) {
-        (None, _) => return Err(IdentityError::Missing),
-        (Some(v), None) => v,
-        _ => {
+    let value = match headers::single(headers, USER_HEADER) {
+        Ok(Some(v)) => Some(v),
+        Ok(None) => return Err(IdentityError::Missing),
+        Err(BadHeader::Repeated) => {
             return Err(IdentityError::Invalid(
                 "exactly one X-User-Id header is required",
             ))
         }
+        Err(BadHeader::NotAscii) => None,
     };
     value
-        .to_str()
-        .ok()
         .and_then(parse_positive_id)
         .ok_or(IdentityError::Invalid(
             "X-User-Id must be a positive integer",

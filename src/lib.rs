@@ -17,6 +17,7 @@
 //! - `routing`  — pure: `path` (strict canonicalisation) and `gated` (the purchase route table:
 //!   templates compiled from `gate.routes`, matching, look-alikes); shared by `gateway` and
 //!   `config`.
+//! - `headers`  — strict reading of single-valued request headers, used by every reader.
 //! - `identity` — who the user is: `X-User-Id` from a trusted load balancer, or a verified JWT.
 //! - `registry` — which targets may have a queue (`any` or `registered`).
 //! - `queue`    — pure domain: targets, positions, ETA, response JSON, the per-replica stats cache.
@@ -55,6 +56,7 @@ pub mod error;
 pub mod failopen;
 pub mod flag;
 pub mod gateway;
+pub mod headers;
 pub mod identity;
 pub mod logging;
 pub mod metrics;

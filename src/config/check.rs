@@ -168,7 +168,7 @@ pub(super) fn token(t: &TokenSection) -> Result<TokenConfig, ConfigError> {
         previous_secret_env: t.previous_secret_env.clone(),
         // Capped at the per-target key TTL: a token must not outlive its target's keys, or the
         // two stores would disagree about an idle admitted user.
-        ttl: secs("token.ttl_s", t.ttl_s, 1, 1_800)?,
+        ttl: secs("token.ttl_s", t.ttl_s, 1, crate::store::TARGET_KEY_TTL_SECS)?,
         single_use: t.single_use,
         release_on,
     })

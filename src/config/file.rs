@@ -241,7 +241,7 @@ impl Default for QueueSection {
             max_capacity: 100_000,
             heartbeat_timeout_s: 60,
             max_evict_per_tick: 1000,
-            max_active_targets: 1000,
+            max_active_targets: crate::store::DEFAULT_MAX_TARGETS as u64,
             targets: TargetsMode::Any,
             registered: Vec::new(),
             unregistered_gated: UnregisteredGated::Refuse,

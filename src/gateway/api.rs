@@ -70,20 +70,6 @@ impl Reply {
     }
 }
 
-/// A header that may appear at most once came twice, or is not visible ASCII.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BadHeader;
-
-/// The value of a header that may appear at most once: `Ok(None)` when absent.
-pub fn single_header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, BadHeader> {
-    let mut values = headers.get_all(name).iter();
-    match (values.next(), values.next()) {
-        (None, _) => Ok(None),
-        (Some(v), None) => v.to_str().map(Some).map_err(|_| BadHeader),
-        _ => Err(BadHeader),
-    }
-}
-
 /// The request's user per `[identity]`: 400 for a bad `X-User-Id` (header mode), 401 for a
 /// missing or invalid bearer token (jwt mode).
 pub fn user_id(state: &AppState, headers: &HeaderMap) -> Result<u64, ApiError> {

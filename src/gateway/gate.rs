@@ -101,7 +101,7 @@ pub async fn check(
         error,
         reason: "bad_user_id",
     })?;
-    let token = super::api::single_header(headers, TOKEN_HEADER).map_err(|_| {
+    let token = crate::headers::single(headers, TOKEN_HEADER).map_err(|_| {
         bad(
             "duplicate_token",
             "exactly one X-Entry-Token header is allowed",

@@ -1,0 +1,45 @@
+//! Reading request headers strictly, in one place: a header that may appear once is refused when
+//! repeated (two values are two different answers to one question, and a backend may read the
+//! other one), and a value that is not visible ASCII is refused rather than guessed at.
+
+use http::HeaderMap;
+
+/// Why a single-valued header cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadHeader {
+    /// Present more than once.
+    Repeated,
+    /// Not visible ASCII.
+    NotAscii,
+}
+
+/// The value of a header that may appear at most once: `Ok(None)` when absent.
+pub fn single(
+    headers: &HeaderMap,
+    name: impl http::header::AsHeaderName,
+) -> Result<Option<&str>, BadHeader> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (None, _) => Ok(None),
+        (Some(v), None) => v.to_str().map(Some).map_err(|_| BadHeader::NotAscii),
+        _ => Err(BadHeader::Repeated),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn once_twice_and_binary() {
+        let mut h = HeaderMap::new();
+        assert_eq!(single(&h, "x-a"), Ok(None));
+        h.append("x-a", "1".parse().unwrap());
+        assert_eq!(single(&h, "x-a"), Ok(Some("1")));
+        assert_eq!(single(&h, "X-A"), Ok(Some("1")));
+        h.append("x-a", "1".parse().unwrap());
+        assert_eq!(single(&h, "x-a"), Err(BadHeader::Repeated));
+        h.insert("x-b", http::HeaderValue::from_bytes(b"\xff").unwrap());
+        assert_eq!(single(&h, "x-b"), Err(BadHeader::NotAscii));
+    }
+}
