@@ -138,7 +138,7 @@ impl Pacer {
         let budgets = &mut *guard;
         let table = &mut budgets.per_target;
         if !table.contains_key(&target) && table.len() >= MAX_PACED_TARGETS {
-            table.retain(|_, b| b.window == window);
+            table.retain(|_, b| b.window >= window);
             if table.len() >= MAX_PACED_TARGETS {
                 if !budgets.known.contains(&target) {
                     return false;
@@ -157,7 +157,10 @@ impl Pacer {
             window,
             users: Vec::new(),
         });
-        if b.window != window {
+        // Windows only move forward: a request whose clock reading is older than the budget's
+        // window (it waited on the store) spends the current window's budget, never reopens an
+        // old one (which would hand out a fresh share for a tick already paid).
+        if window > b.window {
             b.window = window;
             b.users.clear();
         }
@@ -306,6 +309,23 @@ mod tests {
             .filter(|u| p.try_admit(t(1), *u, now + 1000, 0))
             .count();
         assert_eq!(next, 5, "a new tick, a new budget");
+    }
+
+    #[test]
+    fn a_late_clock_reading_never_reopens_an_old_tick() {
+        let p = Pacer::new(1000, 4, 1, 1);
+        p.set_replicas(1);
+        let admitted = |from: u64, at: u64| {
+            (from..from + 100)
+                .filter(|u| p.try_admit(t(1), *u, at, 0))
+                .count()
+        };
+        assert_eq!(admitted(0, 10_500), 4);
+        // Requests that read the clock in the previous tick and reach the pacer only now (they
+        // waited on the store) spend this tick's budget, which is gone.
+        assert_eq!(admitted(100, 9_900), 0);
+        assert_eq!(admitted(200, 10_900), 0);
+        assert_eq!(admitted(300, 11_000), 4);
     }
 
     #[test]

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The queue API's own cost, side by side in one run: the same gateway binary on the memory store
+# (the ceiling) and on the Redis store, and redis-benchmark running the equivalent scripts on the
+# same Redis (the store's limit). Also counts the Redis commands each HTTP call costs
+# (INFO commandstats before and after). Release build, wrk, everything on 127.0.0.1.
+# Usage: [ROUNDS=3] [THREADS=2] benches/queue.sh [seconds per run, default 5]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DUR=${1:-5}
+CONNS=64
+ROUNDS=${ROUNDS:-3}
+GW_THREADS=${THREADS:-2}
+
+need=()
+command -v wrk >/dev/null || need+=(wrk)
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-benchmark >/dev/null || need+=(redis-tools)
+command -v cmake >/dev/null || need+=(cmake)
+command -v python3 >/dev/null || need+=(python3)
+command -v curl >/dev/null || need+=(curl)
+if [ ${#need[@]} -gt 0 ]; then apt-get update -qq && apt-get install -y -qq "${need[@]}"; fi
+cargo build --release -q
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
+trap cleanup EXIT
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+UP=$(port); RP=$(port)
+
+redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & PIDS+=($!)
+python3 -m http.server "$UP" --bind 127.0.0.1 >/dev/null 2>&1 & PIDS+=($!)
+export VQ_TOKEN_SECRET="bench-secret-0123456789abcdefghijklmnop"
+
+start_gw() { # name backend -> sets GW_<name> (port)
+  local name=$1 backend=$2 gw admin
+  gw=$(port); admin=$(port)
+  cat > "$WORK/$name.toml" <<TOML
+[server]
+listen = "127.0.0.1:$gw"
+admin_listen = "127.0.0.1:$admin"
+threads = $GW_THREADS
+log_format = "json"
+[upstream]
+address = "127.0.0.1:$UP"
+[store]
+backend = "$backend"
+redis_url = "redis://127.0.0.1:$RP"
+[queue]
+tick_ms = 3600000
+max_capacity = 10000000
+[flag]
+enabled = true
+TOML
+  RUST_LOG=error ./target/release/vq-gateway serve --config "$WORK/$name.toml" 2>"$WORK/$name.log" & PIDS+=($!)
+  for _ in $(seq 100); do curl -sf "127.0.0.1:$admin/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+  printf -v "GW_$name" '%s' "$gw"
+}
+start_gw mem memory
+start_gw redis redis
+
+run_wrk() { # url script -> "rps p50 p99 non2xx total"
+  wrk -t2 -c$CONNS -d${DUR}s --latency -s "$2" "$1" > "$WORK/wrk.out" 2>&1
+  python3 - "$WORK/wrk.out" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
+def ms(label):
+    m = re.search(r"\s%s\s+([\d.]+)(us|ms|s)\b" % label, t)
+    v, u = float(m.group(1)), m.group(2)
+    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
+non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
+total = re.search(r"(\d+) requests in", t).group(1)
+print(f"{rps:.0f} {ms('50%'):.2f} {ms('99%'):.2f} {non2xx.group(1) if non2xx else 0} {total}")
+PY
+}
+median() { sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p"; }
+calls() { redis-cli -p "$RP" INFO commandstats | python3 -c '
+import re, sys
+n = 0
+for line in sys.stdin:
+    m = re.match(r"cmdstat_(\w+):calls=(\d+)", line)
+    if m and m.group(1) not in ("info",):
+        n += int(m.group(2))
+print(n)'; }
+# Commands executed inside scripts are counted per command by commandstats too (EVALSHA and
+# each redis.call), so the delta over N HTTP calls is the Redis work per call.
+per_call() { python3 -c "print(f'{($2 - $1) / max(1, $3):.1f}')"; }
+
+echo "warming up..." >&2
+wrk -t1 -c8 -d2s -s benches/wrk/enter.lua "http://127.0.0.1:$GW_mem/virtual-queues/limited-drop/42/entries" >/dev/null
+wrk -t1 -c8 -d2s -s benches/wrk/enter.lua "http://127.0.0.1:$GW_redis/virtual-queues/limited-drop/42/entries" >/dev/null
+
+pair() { # path script -> "mem line|redis line|redis commands per call"
+  local mem=() red=() c0 c1 n=0
+  for _ in $(seq "$ROUNDS"); do
+    mem+=("$(run_wrk "http://127.0.0.1:$GW_mem$1" "$2")")
+    c0=$(calls)
+    local line; line=$(run_wrk "http://127.0.0.1:$GW_redis$1" "$2")
+    c1=$(calls)
+    red+=("$line")
+    n=$(echo "$line" | cut -d' ' -f5)
+    PER=$(per_call "$c0" "$c1" "$n")
+  done
+  echo "$(printf '%s\n' "${mem[@]}" | median)|$(printf '%s\n' "${red[@]}" | median)|$PER"
+}
+IFS='|' read -r ME RE E_CMDS <<<"$(pair /virtual-queues/limited-drop/42/entries benches/wrk/enter.lua)"
+IFS='|' read -r MP RPL P_CMDS <<<"$(pair /virtual-queues/limited-drop/42/entries/me benches/wrk/poll.lua)"
+read -r me_rps me_p50 me_p99 _ _ <<<"$ME"; read -r re_rps re_p50 re_p99 re_bad _ <<<"$RE"
+read -r mp_rps mp_p50 mp_p99 _ _ <<<"$MP"; read -r rp_rps rp_p50 rp_p99 _ rp_total <<<"$RPL"
+
+# redis-benchmark on the same scripts, the same keys and arguments the gateway sends.
+K='queue:{LIMITED_DROP:42}:'
+ENTER_SHA=$(redis-cli -p "$RP" SCRIPT LOAD "$(cat lua/enter.lua)")
+POLL_SHA=$(redis-cli -p "$RP" SCRIPT LOAD "$(cat lua/poll.lua)")
+rb() { redis-benchmark -p "$RP" -c $CONNS -n "$1" -r 100000 -q "${@:2}" 2>/dev/null | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -1 | cut -d' ' -f1 | cut -d. -f1; }
+N=$(python3 -c "print(max(50000, int(max($re_rps, $rp_rps) * $DUR)))")
+# shellcheck disable=SC2086
+rb_enter=$(for _ in $(seq "$ROUNDS"); do rb "$N" EVALSHA "$ENTER_SHA" $(bash benches/script_args.sh enter "$K"); done | median)
+# shellcheck disable=SC2086
+rb_poll=$(for _ in $(seq "$ROUNDS"); do rb "$N" EVALSHA "$POLL_SHA" $(bash benches/script_args.sh poll "$K"); done | median)
+
+ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
+cat <<TABLE
+Measured $(date -u +%Y-%m-%d) on $(nproc) shared cores, wrk -t2 -c$CONNS -d${DUR}s on the same cores, median of $ROUNDS
+interleaved runs; gateways: release build, $GW_THREADS proxy threads each; redis-benchmark -c$CONNS unpipelined.
+
+| workload | memory store req/s | Redis store req/s | Redis / memory | redis-benchmark (same script) req/s | Redis store / redis-benchmark | Redis commands per call | Redis store p50 / p99 ms | memory p50 / p99 ms |
+|---|---|---|---|---|---|---|---|---|
+| enter | $me_rps | $re_rps | $(ratio "$re_rps" "$me_rps") | $rb_enter | $(ratio "$re_rps" "$rb_enter") | $E_CMDS | $re_p50 / $re_p99 | $me_p50 / $me_p99 |
+| poll | $mp_rps | $rp_rps | $(ratio "$rp_rps" "$mp_rps") | $rb_poll | $(ratio "$rp_rps" "$rb_poll") | $P_CMDS | $rp_p50 / $rp_p99 | $mp_p50 / $mp_p99 |
+
+Non-2xx: enter $re_bad (should be 0); polls of users the enter runs never drew answer 404.
+TABLE
