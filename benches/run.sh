@@ -144,7 +144,7 @@ RB_N=$(python3 -c "print(max(50000, int($ge_rps * $DUR)))")
 # shellcheck disable=SC2086
 re_rps=$(run_rb "$RB_N" EVALSHA "$ENTER_SHA" 8 $KEYS __rand_int__ 1800000000000 10000000 1800000)
 # shellcheck disable=SC2086
-rp_rps=$(run_rb "$RB_N" EVALSHA "$POLL_SHA" 8 $KEYS __rand_int__ 1800000000000 "1800000300|tok" 300 1800000 1024)
+rp_rps=$(run_rb "$RB_N" EVALSHA "$POLL_SHA" 8 $KEYS __rand_int__ 1800000000000)
 WAITING=$(redis-cli -p "$RP" ZCARD "${K}waiting")
 
 ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }

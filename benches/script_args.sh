@@ -6,6 +6,6 @@ KEYS7="${K}waiting ${K}heartbeat ${K}seq ${K}admitted_count ${K}seqtime ${K}wait
 NOW=1800000000000
 case $1 in
   enter) echo "8 $KEYS7 ${K}token:__rand_int__ __rand_int__ $NOW 10000000 1800000" ;;
-  poll)  echo "8 $KEYS7 ${K}token:__rand_int__ __rand_int__ $NOW 1800000300|tok 300 1800000 1024" ;;
+  poll)  echo "8 $KEYS7 ${K}token:__rand_int__ __rand_int__ $NOW" ;;
   *) echo "unknown script $1" >&2; exit 64 ;;
 esac

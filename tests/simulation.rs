@@ -155,7 +155,11 @@ async fn simulate(seed: u64, ticks: u64, instances: u64) {
                 token: format!("t{user}"),
                 expires_at: (base + at) / 1000 + 300,
             };
-            match store.poll(t, user, now_at(at), &c).await.unwrap() {
+            match store
+                .poll(t, user, now_at(at), &|| c.clone())
+                .await
+                .unwrap()
+            {
                 PollOutcome::Admitted { .. } => {
                     assert!(
                         seq <= last_mark,
@@ -286,7 +290,10 @@ async fn simulate(seed: u64, ticks: u64, instances: u64) {
                 token: "x".into(),
                 expires_at: (base + end) / 1000 + 300,
             };
-            let p = store.poll(t, *user, now_at(end), &c).await.unwrap();
+            let p = store
+                .poll(t, *user, now_at(end), &|| c.clone())
+                .await
+                .unwrap();
             assert_eq!(
                 p,
                 PollOutcome::NotInQueue,

@@ -45,7 +45,7 @@ async fn enter(s: &dyn QueueStore, t: QueueTarget, user: u64) -> (u64, u64) {
 }
 
 async fn poll(s: &dyn QueueStore, t: QueueTarget, user: u64, token: &str) -> PollOutcome {
-    s.poll(t, user, now(), &candidate(token)).await.unwrap()
+    s.poll(t, user, now(), &|| candidate(token)).await.unwrap()
 }
 
 /// One test per contract scenario and store: `memory::<scenario>` and `redis::<scenario>` (a
@@ -245,7 +245,7 @@ async fn admission_mints_one_token(s: &dyn QueueStore) {
     s.advance(t, 1, GUARD, now()).await.unwrap();
     let results = futures_join_all((0..20).map(|i| {
         let c = candidate(&format!("race-{i}"));
-        async move { s.poll(t, 2, now(), &c).await.unwrap() }
+        async move { s.poll(t, 2, now(), &|| c.clone()).await.unwrap() }
     }))
     .await;
     let tokens: std::collections::BTreeSet<String> = results
@@ -476,8 +476,60 @@ async fn redis_keys_follow_the_contract() {
     );
     let ttl = redis.cmd(&["TTL", &format!("{p}admitted_count")]).as_int();
     assert!((1790..=1800).contains(&ttl), "admitted_count ttl {ttl}");
+    // A waiting poll: four commands (ZSCORE, GET, ZADD, ZRANK), no token signed, no TTL extended.
+    for key in ["waiting", "heartbeat", "seq", "admitted_count", "seqtime"] {
+        redis.cmd(&["PEXPIRE", &format!("{p}{key}"), "100000"]);
+    }
+    // (The first poll on an instance also re-registers the target in `queue:active`, at most
+    // once per 10 s per instance and target; the poll measured here is the steady one.)
+    s.poll(t, 1002, now(), &|| candidate("never"))
+        .await
+        .unwrap();
+    redis.cmd(&["CONFIG", "RESETSTAT"]);
+    let signed = std::sync::atomic::AtomicBool::new(false);
+    let waiting = s
+        .poll(t, 1002, now(), &|| {
+            signed.store(true, std::sync::atomic::Ordering::Relaxed);
+            candidate("never")
+        })
+        .await
+        .unwrap();
+    assert_eq!(waiting, PollOutcome::Waiting { seq: 2, ahead: 1 });
+    assert!(
+        !signed.load(std::sync::atomic::Ordering::Relaxed),
+        "a waiting poll signed a token"
+    );
+    let stats = redis.cmd(&["INFO", "commandstats"]).as_str().unwrap();
+    let calls: Vec<(String, i64)> = stats
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            Some((name.to_string(), rest.split(',').next()?.parse().ok()?))
+        })
+        .filter(|(name, _)| {
+            !["evalsha", "info"].contains(&name.as_str()) && !name.starts_with("config")
+        })
+        .collect();
+    let total: i64 = calls.iter().map(|(_, n)| n).sum();
+    assert!(total <= 4, "a waiting poll ran {total} commands: {calls:?}");
+    for key in ["waiting", "heartbeat", "seq", "admitted_count", "seqtime"] {
+        let ttl = redis.cmd(&["TTL", &format!("{p}{key}")]).as_int();
+        assert!(
+            (95..=100).contains(&ttl),
+            "{key}: a waiting poll moved the ttl to {ttl}"
+        );
+    }
+
+    // The admitted user's poll signs and stores the token and refreshes the target's keys.
     let c = candidate("tok");
-    s.poll(t, 1001, now(), &c).await.unwrap();
+    s.poll(t, 1001, now(), &|| c.clone()).await.unwrap();
+    for key in ["waiting", "heartbeat", "seq", "admitted_count", "seqtime"] {
+        let ttl = redis.cmd(&["TTL", &format!("{p}{key}")]).as_int();
+        assert!(
+            (1790..=1800).contains(&ttl),
+            "{key}: ttl {ttl} after the token was issued"
+        );
+    }
     let stored = redis
         .cmd(&["GET", &format!("{p}token:1001")])
         .as_str()

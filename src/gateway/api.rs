@@ -248,8 +248,8 @@ async fn enter(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply
         // through for it; users already waiting keep their places: their enter is answered like
         // a poll (which runs under maxmemory), so it stays idempotent.
         Err(StoreError::OutOfMemory) => {
-            let offered = candidate(state, target, user, now);
-            match state.store.poll(target, user, now, &offered).await {
+            let mint = || candidate(state, target, user, now);
+            match state.store.poll(target, user, now, &mint).await {
                 Ok(PollOutcome::Waiting { seq, ahead }) => Ok(waiting(state, seq, ahead)),
                 Ok(PollOutcome::Admitted {
                     token, expires_at, ..
@@ -269,15 +269,23 @@ async fn poll(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply,
     if !state.flag.queue_on(target, user) {
         return Ok(direct(state, target, user, now));
     }
-    let offered = candidate(state, target, user, now);
-    match state.store.poll(target, user, now, &offered).await {
+    // Signed only when the store finds the user admitted without a token (once per user).
+    let minted = std::sync::OnceLock::new();
+    let mint = || {
+        let c = candidate(state, target, user, now);
+        let _ = minted.set(c.token.clone());
+        c
+    };
+    match state.store.poll(target, user, now, &mint).await {
         Ok(PollOutcome::Waiting { seq, ahead }) => Ok(waiting(state, seq, ahead)),
         Ok(PollOutcome::Admitted {
             token,
             expires_at,
             waited_ms,
         }) => {
-            if token == offered.token {
+            // The token this call signed was stored (a concurrent poll may have stored its own
+            // first; then the stored one is answered and this one is dropped).
+            if minted.get() == Some(&token) {
                 state.count_token(target, "issued");
             }
             if let Some(ms) = waited_ms {

@@ -28,9 +28,7 @@ use async_trait::async_trait;
 use tokio::sync::Semaphore;
 
 use super::breaker::{Admit, Breaker, BreakerConfig, Verdict};
-use super::{
-    Advance, EnterOutcome, Instances, Now, PollOutcome, QueueStore, StoreError, TokenCandidate,
-};
+use super::{Advance, EnterOutcome, Instances, Mint, Now, PollOutcome, QueueStore, StoreError};
 use crate::metrics::Metrics;
 use crate::queue::{QueueStats, QueueTarget};
 
@@ -336,9 +334,9 @@ impl QueueStore for StoreGuard {
         target: QueueTarget,
         user: u64,
         now: Now,
-        candidate: &TokenCandidate,
+        mint: Mint<'_>,
     ) -> Result<PollOutcome, StoreError> {
-        let fut = self.inner.poll(target, user, now, candidate);
+        let fut = self.inner.poll(target, user, now, mint);
         self.run(Class::Request, "poll", fut).await
     }
 

@@ -67,6 +67,10 @@ impl StoreError {
     }
 }
 
+/// Signs a token for the user being admitted, when the store finds that one is needed (once per
+/// user: a waiting poll signs nothing).
+pub type Mint<'a> = &'a (dyn Fn() -> TokenCandidate + Send + Sync);
+
 /// A token the caller has signed and offers to the store; stored only if none is stored yet.
 #[derive(Debug, Clone)]
 pub struct TokenCandidate {
@@ -157,14 +161,16 @@ pub trait QueueStore: Send + Sync + 'static {
         capacity: u64,
     ) -> Result<EnterOutcome, StoreError>;
 
-    /// Heartbeat plus admission check; on admission stores `candidate` unless a token is stored
-    /// already, and answers whichever token is stored.
+    /// Heartbeat plus admission check; on admission stores a token from `mint` unless one is
+    /// stored already, and answers whichever token is stored. A waiting user's poll only
+    /// heartbeats (it does not extend the target's key TTL; enter, admission steps and token
+    /// issue do).
     async fn poll(
         &self,
         target: QueueTarget,
         user: u64,
         now: Now,
-        candidate: &TokenCandidate,
+        mint: Mint<'_>,
     ) -> Result<PollOutcome, StoreError>;
 
     /// Leaves the queue and drops an unused token. Idempotent.

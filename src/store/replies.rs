@@ -79,9 +79,30 @@ pub fn enter(v: Value) -> Result<EnterOutcome, StoreError> {
     }
 }
 
-/// `poll.lua`: `{"ADMITTED", "expiresAt|token"[, waited ms]} | {"WAITING", seq, rank} | {"NONE"}`.
-pub fn poll(v: Value) -> Result<PollOutcome, StoreError> {
+/// What `poll.lua` answered: an outcome, or `Due` (admitted, no token yet: sign one and run
+/// `issue.lua`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PollReply {
+    Outcome(PollOutcome),
+    Due,
+}
+
+/// `poll.lua`: `{"WAITING", seq, rank} | {"DUE"} | {"ADMITTED", "expiresAt|token"} | {"NONE"}`.
+pub fn poll(v: Value) -> Result<PollReply, StoreError> {
     let items = reply_array(v, "poll")?;
+    if tag(&items) == "DUE" {
+        return Ok(PollReply::Due);
+    }
+    outcome(items, "poll").map(PollReply::Outcome)
+}
+
+/// `issue.lua`: `{"ADMITTED", "expiresAt|token"[, waited ms]} | {"WAITING", seq, rank} |
+/// {"NONE"}`.
+pub fn issue(v: Value) -> Result<PollOutcome, StoreError> {
+    outcome(reply_array(v, "issue")?, "issue")
+}
+
+fn outcome(items: Vec<Value>, what: &str) -> Result<PollOutcome, StoreError> {
     match tag(&items).as_str() {
         "WAITING" => {
             let (seq, ahead) = waiting_reply(&items)?;
@@ -97,7 +118,7 @@ pub fn poll(v: Value) -> Result<PollOutcome, StoreError> {
             })
         }
         "NONE" => Ok(PollOutcome::NotInQueue),
-        _ => Err(StoreError::Protocol("unknown poll reply".into())),
+        _ => Err(StoreError::Protocol(format!("unknown {what} reply"))),
     }
 }
 
@@ -164,7 +185,21 @@ mod tests {
         assert_eq!(enter(arr(&["FULL".into()])).unwrap(), EnterOutcome::Full);
         assert_eq!(
             poll(arr(&["NONE".into()])).unwrap(),
-            PollOutcome::NotInQueue
+            PollReply::Outcome(PollOutcome::NotInQueue)
+        );
+        assert_eq!(poll(arr(&["DUE".into()])).unwrap(), PollReply::Due);
+        assert_eq!(
+            issue(arr(&[
+                "ADMITTED".into(),
+                "1700|tok".into(),
+                Value::Integer(5)
+            ]))
+            .unwrap(),
+            PollOutcome::Admitted {
+                token: "tok".into(),
+                expires_at: 1700,
+                waited_ms: Some(5)
+            }
         );
         let a = advance(arr(&[
             "GUARDED".into(),

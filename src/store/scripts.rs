@@ -28,6 +28,7 @@ impl Script {
 pub struct Scripts {
     pub enter: Script,
     pub poll: Script,
+    pub issue: Script,
     pub leave: Script,
     pub stats: Script,
     pub advance: Script,
@@ -43,6 +44,7 @@ impl Scripts {
         Scripts {
             enter: Script::new("enter", include_str!("../../lua/enter.lua")),
             poll: Script::new("poll", include_str!("../../lua/poll.lua")),
+            issue: Script::new("issue", include_str!("../../lua/issue.lua")),
             leave: Script::new("leave", include_str!("../../lua/leave.lua")),
             stats: Script::new("stats", include_str!("../../lua/stats.lua")),
             advance: Script::new("advance", include_str!("../../lua/advance.lua")),
@@ -54,10 +56,11 @@ impl Scripts {
         }
     }
 
-    pub fn all(&self) -> [&Script; 10] {
+    pub fn all(&self) -> [&Script; 11] {
         [
             &self.enter,
             &self.poll,
+            &self.issue,
             &self.leave,
             &self.stats,
             &self.advance,
@@ -144,7 +147,7 @@ impl TargetKeys {
         .collect()
     }
 
-    /// KEYS of enter.lua and poll.lua: the shared seven, then the user's token key.
+    /// KEYS of enter.lua, poll.lua and issue.lua: the shared seven, then the user's token key.
     pub fn queue_keys(&self, user: u64) -> Vec<String> {
         let mut keys = self.shared_keys();
         keys.push(self.of(Key::Token(user)));

@@ -12,8 +12,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Advance, AdvanceOutcome, EnterOutcome, Instances, Now, PollOutcome, QueueStore, StoreError,
-    TokenCandidate, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS,
+    Advance, AdvanceOutcome, EnterOutcome, Instances, Mint, Now, PollOutcome, QueueStore,
+    StoreError, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS,
     WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
@@ -261,7 +261,7 @@ impl QueueStore for MemoryStore {
         target: QueueTarget,
         user: u64,
         now: Now,
-        candidate: &TokenCandidate,
+        mint: Mint<'_>,
     ) -> Result<PollOutcome, StoreError> {
         self.with_target(target, now, |t| {
             if let Some((expires_at, token)) = t.token(user, now) {
@@ -274,8 +274,9 @@ impl QueueStore for MemoryStore {
             let Some(seq) = t.waiting.get(&user).map(|w| w.seq) else {
                 return PollOutcome::NotInQueue;
             };
-            t.last_write_ms = now.epoch_ms;
             if seq <= t.admitted_count {
+                t.last_write_ms = now.epoch_ms;
+                let candidate = mint();
                 let waited_ms = t.remove_waiter(user).map(|w| {
                     let waited = now.epoch_ms.saturating_sub(w.entered_ms);
                     t.waits_ms.push_front(waited);
@@ -488,6 +489,41 @@ mod tests {
     use super::*;
 
     #[test]
+    fn waiting_polls_do_not_extend_the_key_ttl_admission_steps_do() {
+        use crate::queue::TargetType;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let s = MemoryStore::default();
+            let t = QueueTarget::new(TargetType::LimitedDrop, 1);
+            let at = |min: u64| Now {
+                epoch_ms: 1_000 + min * 60_000,
+            };
+            let never = || -> crate::store::TokenCandidate { unreachable!("a waiting poll signs") };
+            s.enter(t, 1, at(0), u64::MAX).await.unwrap();
+            s.enter(t, 2, at(0), u64::MAX).await.unwrap();
+            let waiting = PollOutcome::Waiting { seq: 2, ahead: 1 };
+            assert_eq!(s.poll(t, 2, at(20), &never).await.unwrap(), waiting);
+            // 31 minutes after the last enter: polls alone kept nothing alive.
+            assert_eq!(
+                s.poll(t, 2, at(31), &never).await.unwrap(),
+                PollOutcome::NotInQueue
+            );
+            // An admission step refreshes the keys like an enter does.
+            s.enter(t, 3, at(40), u64::MAX).await.unwrap();
+            s.enter(t, 4, at(40), u64::MAX).await.unwrap();
+            s.advance(t, 1, Duration::from_millis(1), at(60))
+                .await
+                .unwrap();
+            assert_eq!(
+                s.poll(t, 4, at(80), &never).await.unwrap(),
+                PollOutcome::Waiting { seq: 2, ahead: 1 }
+            );
+        });
+    }
+
+    #[test]
     fn churn_is_compacted_and_ranks_stay_right() {
         use crate::queue::TargetType;
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -506,7 +542,7 @@ mod tests {
             s.enter(t, 99_999, now, u64::MAX).await.unwrap();
             let slots = s.targets.lock()[&t].slots.len();
             assert!(slots < 2 * COMPACT_MIN, "{slots} slots for 2 waiting users");
-            let c = TokenCandidate {
+            let c = || crate::store::TokenCandidate {
                 token: "x".into(),
                 expires_at: 10,
             };

@@ -24,10 +24,10 @@ use fred::types::{ClusterHash, CustomCommand};
 
 mod settings;
 
-use super::replies::{self, as_u64, reply_array};
+use super::replies::{self, as_u64, reply_array, PollReply};
 use super::scripts::{Key, Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_KEY};
 use super::{
-    Advance, EnterOutcome, Instances, Now, PollOutcome, QueueStore, StoreError, TokenCandidate,
+    Advance, EnterOutcome, Instances, Mint, Now, PollOutcome, QueueStore, StoreError,
     ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
@@ -261,22 +261,31 @@ impl QueueStore for RedisStore {
         target: QueueTarget,
         user: u64,
         now: Now,
-        candidate: &TokenCandidate,
+        mint: Mint<'_>,
     ) -> Result<PollOutcome, StoreError> {
         let keys = TargetKeys::new(target).queue_keys(user);
-        let token_ttl = candidate
-            .expires_at
-            .saturating_sub(now.epoch_ms / 1000)
-            .max(1);
-        let argv = vec![
-            user.to_string().into(),
-            now.epoch_ms.to_string().into(),
-            format!("{}|{}", candidate.expires_at, candidate.token).into(),
-            token_ttl.to_string().into(),
-            KEY_TTL_MS.to_string().into(),
-            WAIT_SAMPLES.to_string().into(),
-        ];
-        let outcome = replies::poll(self.eval(&self.scripts.poll, keys, argv).await?)?;
+        let argv = vec![user.to_string().into(), now.epoch_ms.to_string().into()];
+        let reply = self.eval(&self.scripts.poll, keys.clone(), argv).await?;
+        let outcome = match replies::poll(reply)? {
+            PollReply::Outcome(o) => o,
+            // Admitted by the pump: sign the token now (once per user) and store it.
+            PollReply::Due => {
+                let candidate = mint();
+                let token_ttl = candidate
+                    .expires_at
+                    .saturating_sub(now.epoch_ms / 1000)
+                    .max(1);
+                let argv = vec![
+                    user.to_string().into(),
+                    now.epoch_ms.to_string().into(),
+                    format!("{}|{}", candidate.expires_at, candidate.token).into(),
+                    token_ttl.to_string().into(),
+                    KEY_TTL_MS.to_string().into(),
+                    WAIT_SAMPLES.to_string().into(),
+                ];
+                replies::issue(self.eval(&self.scripts.issue, keys, argv).await?)?
+            }
+        };
         if let PollOutcome::Waiting { .. } = outcome {
             // Users wait here: keep the target on the pump's list (at most every 10 s per
             // instance; it may have been retired as empty just before they entered).
