@@ -125,7 +125,7 @@ cat <<TABLE
 Measured $(date -u +%Y-%m-%d) on $(nproc) shared cores, wrk -t2 -c$CONNS -d${DUR}s on the same cores, median of $ROUNDS
 interleaved runs; gateways: release build, $GW_THREADS proxy threads each; redis-benchmark -c$CONNS unpipelined.
 
-| workload | memory store req/s | Redis store req/s | Redis / memory | redis-benchmark (same script) req/s | Redis store / redis-benchmark | Redis commands per call | Redis store p50 / p99 ms | memory p50 / p99 ms |
+| workload | memory store req/s | Redis store req/s | Redis / memory | redis-benchmark (same script) req/s | Redis store / redis-benchmark | Redis commands per call (EVALSHA included) | Redis store p50 / p99 ms | memory p50 / p99 ms |
 |---|---|---|---|---|---|---|---|---|
 | enter | $me_rps | $re_rps | $(ratio "$re_rps" "$me_rps") | $rb_enter | $(ratio "$re_rps" "$rb_enter") | $E_CMDS | $re_p50 / $re_p99 | $me_p50 / $me_p99 |
 | poll | $mp_rps | $rp_rps | $(ratio "$rp_rps" "$mp_rps") | $rb_poll | $(ratio "$rp_rps" "$rb_poll") | $P_CMDS | $rp_p50 / $rp_p99 | $mp_p50 / $mp_p99 |
