@@ -265,7 +265,7 @@ impl QueueStore for RedisStore {
     ) -> Result<PollOutcome, StoreError> {
         let keys = TargetKeys::new(target).queue_keys(user);
         let argv = vec![user.to_string().into(), now.epoch_ms.to_string().into()];
-        let reply = self.eval(&self.scripts.poll, keys.clone(), argv).await?;
+        let reply = self.eval(&self.scripts.poll, keys, argv).await?;
         let outcome = match replies::poll(reply)? {
             PollReply::Outcome(o) => o,
             // Admitted by the pump: sign the token now (once per user) and store it.
@@ -283,6 +283,8 @@ impl QueueStore for RedisStore {
                     KEY_TTL_MS.to_string().into(),
                     WAIT_SAMPLES.to_string().into(),
                 ];
+                // The same keys again, built here rather than copied on every poll.
+                let keys = TargetKeys::new(target).queue_keys(user);
                 replies::issue(self.eval(&self.scripts.issue, keys, argv).await?)?
             }
         };
