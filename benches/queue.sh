@@ -11,21 +11,10 @@ CONNS=64
 ROUNDS=${ROUNDS:-3}
 GW_THREADS=${THREADS:-2}
 
-need=()
-command -v wrk >/dev/null || need+=(wrk)
-command -v redis-server >/dev/null || need+=(redis-server)
-command -v redis-benchmark >/dev/null || need+=(redis-tools)
-command -v cmake >/dev/null || need+=(cmake)
-command -v python3 >/dev/null || need+=(python3)
-command -v curl >/dev/null || need+=(curl)
-if [ ${#need[@]} -gt 0 ]; then apt-get update -qq && apt-get install -y -qq "${need[@]}"; fi
+source benches/lib.sh
+need_tools wrk:wrk redis-server:redis-server redis-benchmark:redis-tools cmake:cmake python3:python3 curl:curl
 cargo build --release -q
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 UP=$(port); RP=$(port)
 
 redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & PIDS+=($!)
@@ -59,21 +48,8 @@ TOML
 start_gw mem memory
 start_gw redis redis
 
-run_wrk() { # url script -> "rps p50 p99 non2xx total"
-  wrk -t2 -c$CONNS -d${DUR}s --latency -s "$2" "$1" > "$WORK/wrk.out" 2>&1
-  python3 - "$WORK/wrk.out" <<'PY'
-import re, sys
-t = open(sys.argv[1]).read()
-rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
-def ms(label):
-    m = re.search(r"\s%s\s+([\d.]+)(us|ms|s)\b" % label, t)
-    v, u = float(m.group(1)), m.group(2)
-    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
-non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
-total = re.search(r"(\d+) requests in", t).group(1)
-print(f"{rps:.0f} {ms('50%'):.2f} {ms('99%'):.2f} {non2xx.group(1) if non2xx else 0} {total}")
-PY
-}
+WRK_THREADS=2
+run_wrk() { wrk_line "$1" -s "$2"; } # url script -> "rps p50 p99 non2xx total"
 median() { sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p"; }
 calls() { redis-cli -p "$RP" INFO commandstats | python3 -c '
 import re, sys

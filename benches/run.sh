@@ -10,20 +10,10 @@ DUR=${1:-5}
 CONNS=64
 THREADS=2
 
-need=()
-command -v wrk >/dev/null || need+=(wrk)
-command -v nginx >/dev/null || need+=(nginx-light)
-command -v redis-server >/dev/null || need+=(redis-server)
-command -v cmake >/dev/null || need+=(cmake)
-command -v python3 >/dev/null || need+=(python3)
-if [ ${#need[@]} -gt 0 ]; then apt-get update -qq && apt-get install -y -qq "${need[@]}"; fi
+source benches/lib.sh
+need_tools wrk:wrk nginx:nginx-light redis-server:redis-server cmake:cmake python3:python3 curl:curl
 cargo build --release -q
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 UP=$(port); NGX=$(port); GW=$(port); ADMIN=$(port); RP=$(port)
 
 # The upstream: nginx answering a small JSON body (fast enough not to be the bottleneck).
@@ -79,23 +69,8 @@ PY
 )
 export TOKEN
 
-# wrk → "rps p50 p99" (latencies in ms)
-run_wrk() {
-  local url=$1; shift
-  wrk -t$THREADS -c$CONNS -d${DUR}s --latency "$@" "$url" > "$WORK/wrk.out" 2>&1
-  python3 - "$WORK/wrk.out" <<'PY'
-import re, sys
-t = open(sys.argv[1]).read()
-rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
-def ms(label):
-    m = re.search(r"\s%s\s+([\d.]+)(us|ms|s)\b" % label, t)
-    v, u = float(m.group(1)), m.group(2)
-    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
-non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
-total = re.search(r"(\d+) requests in", t).group(1)
-print(f"{rps:.0f} {ms('50%'):.2f} {ms('99%'):.2f} {non2xx.group(1) if non2xx else 0} {total}")
-PY
-}
+WRK_THREADS=$THREADS
+run_wrk() { wrk_line "$@"; }
 
 # redis-benchmark → rps (median of ROUNDS runs)
 run_rb1() {

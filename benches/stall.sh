@@ -8,20 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 STALLS=("$@"); [ ${#STALLS[@]} -gt 0 ] || STALLS=(200 1000 3000)
 
-need=()
-command -v wrk >/dev/null || need+=(wrk)
-command -v redis-server >/dev/null || need+=(redis-server)
-command -v cmake >/dev/null || need+=(cmake)
-command -v python3 >/dev/null || need+=(python3)
-command -v curl >/dev/null || need+=(curl)
-if [ ${#need[@]} -gt 0 ]; then apt-get update -qq && apt-get install -y -qq "${need[@]}"; fi
+source benches/lib.sh
+need_tools wrk:wrk redis-server:redis-server cmake:cmake python3:python3 curl:curl
 cargo build --release -q
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { kill -CONT "${RPID:-0}" 2>/dev/null || true; for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 UP=$(port); GW=$(port); ADMIN=$(port); RP=$(port)
 
 python3 -m http.server "$UP" --bind 127.0.0.1 >/dev/null 2>&1 & PIDS+=($!)

@@ -1,0 +1,44 @@
+# Shared by the bench scripts (sourced, from the repository root): tool installation, the work
+# directory and process cleanup, free ports, and wrk's summary as one line.
+
+# need_tools command:package ... — installs the Debian packages of the commands that are missing.
+need_tools() {
+  local need=() pair
+  for pair in "$@"; do
+    command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
+  done
+  if [ ${#need[@]} -gt 0 ]; then apt-get update -qq && apt-get install -y -qq "${need[@]}"; fi
+}
+
+# A private work directory; every pid pushed to PIDS is killed on exit. A script that pauses a
+# process sets RPID so that it is resumed before being killed.
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+  kill -CONT "${RPID:-0}" 2>/dev/null || true
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# wrk_line URL [wrk args...] → "rps p50 p99 non2xx total" (latencies in ms), with
+# WRK_THREADS, CONNS and DUR from the caller.
+wrk_line() {
+  local url=$1; shift
+  wrk -t"$WRK_THREADS" -c"$CONNS" -d"${DUR}s" --latency "$@" "$url" > "$WORK/wrk.out" 2>&1
+  python3 - "$WORK/wrk.out" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
+def ms(label):
+    m = re.search(r"\s%s\s+([\d.]+)(us|ms|s)\b" % label, t)
+    v, u = float(m.group(1)), m.group(2)
+    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
+non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
+total = re.search(r"(\d+) requests in", t).group(1)
+print(f"{rps:.0f} {ms('50%'):.2f} {ms('99%'):.2f} {non2xx.group(1) if non2xx else 0} {total}")
+PY
+}
