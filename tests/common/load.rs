@@ -71,6 +71,10 @@ pub struct Event {
     pub direct: bool,
     /// A poll answered 404 for a user who held a position in the queue.
     pub lost: bool,
+    /// For a purchase: when the buyer was last answered `WAITING` (the start of that request),
+    /// so the buyer was admitted after it. `purchase start - waiting_ms` bounds how late the
+    /// load generator bought after the admission.
+    pub waiting_ms: Option<u64>,
 }
 
 struct User {
@@ -78,6 +82,7 @@ struct User {
     entered: bool,
     seq: Option<u64>,
     token: Option<String>,
+    waiting_ms: Option<u64>,
 }
 
 pub struct Load {
@@ -142,6 +147,7 @@ fn worker(cfg: &LoadConfig, thread: u64, stop: &AtomicBool) -> Vec<Event> {
                 entered: false,
                 seq: None,
                 token: None,
+                waiting_ms: None,
             }
         } else {
             users.pop_front().unwrap()
@@ -174,6 +180,9 @@ fn worker(cfg: &LoadConfig, thread: u64, stop: &AtomicBool) -> Vec<Event> {
             (Op::Poll, r)
         };
         let mut e = event(op, g, start_ms);
+        if op == Op::Purchase {
+            e.waiting_ms = user.waiting_ms;
+        }
         record(&mut e, &r);
         let mut done = false;
         match &r {
@@ -191,6 +200,7 @@ fn worker(cfg: &LoadConfig, thread: u64, stop: &AtomicBool) -> Vec<Event> {
                 match v["status"].as_str() {
                     Some("WAITING") => {
                         user.entered = true;
+                        user.waiting_ms = Some(start_ms);
                         if let Some(seq) = v["position"].as_u64() {
                             user.seq = Some(seq);
                         }
@@ -226,6 +236,7 @@ fn event(op: Op, gateway: usize, start_ms: u64) -> Event {
         degraded: false,
         direct: false,
         lost: false,
+        waiting_ms: None,
     }
 }
 
