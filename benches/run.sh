@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks on this machine, release build, real load (wrk), against the references:
-#   proxy + gate  vs  nginx proxy_pass to the same upstream
+#   proxy + gate  vs  a bare Pingora proxy (benches/bare_proxy.rs: same threads, same upstream,
+#                     the framework's ceiling) and nginx proxy_pass to the same upstream (context)
 #   queue API     vs  redis-benchmark running the same Lua script (EVALSHA) on the same Redis
 # Prints a Markdown table with ratios. Everything listens on 127.0.0.1 ports picked here and is
 # stopped on exit. Usage: [ROUNDS=3] benches/run.sh [seconds per run, default 5]
@@ -13,8 +14,14 @@ THREADS=2
 source benches/lib.sh
 need_tools wrk:wrk nginx:nginx-light redis-server:redis-server cmake:cmake python3:python3 curl:curl
 cargo build --release -q
+BARE_BIN=$(cargo bench --no-run --bench bare_proxy --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "bare_proxy" and m.get("executable"):
+        print(m["executable"])')
 
-UP=$(port); NGX=$(port); GW=$(port); ADMIN=$(port); RP=$(port)
+UP=$(port); NGX=$(port); BARE=$(port); GW=$(port); ADMIN=$(port); RP=$(port)
 
 # The upstream: nginx answering a small JSON body (fast enough not to be the bottleneck).
 mkdir -p "$WORK/nginx"
@@ -34,6 +41,9 @@ http {
 }
 NGINX
 nginx -c "$WORK/nginx/nginx.conf" -g 'daemon off;' & PIDS+=($!)
+
+# The bare Pingora proxy: the gateway's thread count (1) and upstream peer options.
+"$BARE_BIN" "127.0.0.1:$BARE" "127.0.0.1:$UP" 1 2>"$WORK/bare.log" & PIDS+=($!)
 
 redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & PIDS+=($!)
 
@@ -90,6 +100,7 @@ KEYS="${K}waiting ${K}heartbeat ${K}seq ${K}admitted_count ${K}seqtime ${K}waits
 echo "warming up..." >&2
 wrk -t1 -c8 -d2s "http://127.0.0.1:$GW/products/1" >/dev/null
 wrk -t1 -c8 -d2s "http://127.0.0.1:$NGX/products/1" >/dev/null
+wrk -t1 -c8 -d2s "http://127.0.0.1:$BARE/products/1" >/dev/null
 
 # Each pair runs ROUNDS times, alternating reference and gateway, and the median run (by req/s)
 # of each side is reported: the shared cores make single runs swing by tens of percent.
@@ -99,20 +110,24 @@ median_of() { # url [wrk args...] -> the median line of ROUNDS runs
   for _ in $(seq "$ROUNDS"); do lines+=("$(run_wrk "$@")"); done
   printf '%s\n' "${lines[@]}" | sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p"
 }
-pair() { # ref_url gw_url [wrk args...] -> "ref line|gw line", interleaved
-  local ref=() gw=()
+trio() { # path [wrk args...] -> "nginx line|bare line|gateway line", interleaved
+  local ngx=() bare=() gw=()
   for _ in $(seq "$ROUNDS"); do
-    ref+=("$(run_wrk "$1" "${@:3}")")
-    gw+=("$(run_wrk "$2" "${@:3}")")
+    ngx+=("$(run_wrk "http://127.0.0.1:$NGX$1" "${@:2}")")
+    bare+=("$(run_wrk "http://127.0.0.1:$BARE$1" "${@:2}")")
+    gw+=("$(run_wrk "http://127.0.0.1:$GW$1" "${@:2}")")
   done
   local mid=$(( (ROUNDS + 1) / 2 ))
-  echo "$(printf '%s\n' "${ref[@]}" | sort -n | sed -n "${mid}p")|$(printf '%s\n' "${gw[@]}" | sort -n | sed -n "${mid}p")"
+  local med; med() { printf '%s\n' "$@" | sort -n | sed -n "${mid}p"; }
+  echo "$(med "${ngx[@]}")|$(med "${bare[@]}")|$(med "${gw[@]}")"
 }
 
-IFS='|' read -r REF GWL <<<"$(pair "http://127.0.0.1:$NGX/products/1" "http://127.0.0.1:$GW/products/1")"
-read -r n_rps n_p50 n_p99 _ _ <<<"$REF"; read -r g_rps g_p50 g_p99 g_bad _ <<<"$GWL"
-IFS='|' read -r REF GWL <<<"$(pair "http://127.0.0.1:$NGX/limited-drops/42/orders" "http://127.0.0.1:$GW/limited-drops/42/orders" -s benches/wrk/gated.lua)"
-read -r ng_rps ng_p50 ng_p99 _ _ <<<"$REF"; read -r gg_rps gg_p50 gg_p99 gg_bad _ <<<"$GWL"
+IFS='|' read -r NL BL GWL <<<"$(trio /products/1)"
+read -r n_rps n_p50 n_p99 _ _ <<<"$NL"; read -r b_rps b_p50 b_p99 _ _ <<<"$BL"
+read -r g_rps g_p50 g_p99 g_bad _ <<<"$GWL"
+IFS='|' read -r NL BL GWL <<<"$(trio /limited-drops/42/orders -s benches/wrk/gated.lua)"
+read -r ng_rps ng_p50 ng_p99 _ _ <<<"$NL"; read -r bg_rps bg_p50 bg_p99 _ _ <<<"$BL"
+read -r gg_rps gg_p50 gg_p99 gg_bad _ <<<"$GWL"
 read -r ge_rps ge_p50 ge_p99 ge_bad ge_total <<<"$(median_of "http://127.0.0.1:$GW/virtual-queues/limited-drop/42/entries" -s benches/wrk/enter.lua)"
 read -r gp_rps gp_p50 gp_p99 gp_bad gp_total <<<"$(median_of "http://127.0.0.1:$GW/virtual-queues/limited-drop/42/entries/me" -s benches/wrk/poll.lua)"
 RB_N=$(python3 -c "print(max(50000, int($ge_rps * $DUR)))")
@@ -126,11 +141,13 @@ ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
 cat <<TABLE
 Measured $(date -u +%Y-%m-%d) on $(nproc) shared cores, load generator on the same cores; wrk -t$THREADS -c$CONNS -d${DUR}s,
 redis-benchmark -c$CONNS unpipelined; median of $ROUNDS interleaved runs each. Gateway: release build, 1 proxy
-thread, Redis store; nginx: 1 worker.
+thread, Redis store; bare Pingora proxy: 1 thread, same upstream; nginx: 1 worker.
 
 | workload | reference | reference req/s | vq-gateway req/s | ratio | gateway p50 / p99 ms | reference p50 / p99 ms |
 |---|---|---|---|---|---|---|
+| passthrough GET | bare Pingora proxy | $b_rps | $g_rps | $(ratio "$g_rps" "$b_rps") | $g_p50 / $g_p99 | $b_p50 / $b_p99 |
 | passthrough GET | nginx proxy_pass | $n_rps | $g_rps | $(ratio "$g_rps" "$n_rps") | $g_p50 / $g_p99 | $n_p50 / $n_p99 |
+| gated POST, valid token | bare Pingora proxy (no check) | $bg_rps | $gg_rps | $(ratio "$gg_rps" "$bg_rps") | $gg_p50 / $gg_p99 | $bg_p50 / $bg_p99 |
 | gated POST, valid token | nginx proxy_pass (no check) | $ng_rps | $gg_rps | $(ratio "$gg_rps" "$ng_rps") | $gg_p50 / $gg_p99 | $ng_p50 / $ng_p99 |
 | queue enter (HTTP, random users) | redis-benchmark EVALSHA enter.lua | ${re_rps%.*} | $ge_rps | $(ratio "$ge_rps" "$re_rps") | $ge_p50 / $ge_p99 | – |
 | queue poll (HTTP, random users) | redis-benchmark EVALSHA poll.lua | ${rp_rps%.*} | $gp_rps | $(ratio "$gp_rps" "$rp_rps") | $gp_p50 / $gp_p99 | – |

@@ -1,0 +1,71 @@
+//! The framework's ceiling, for `benches/run.sh`: a bare Pingora HTTP proxy with the gateway's
+//! server settings (worker threads, one single-threaded runtime per thread) and the gateway's
+//! upstream peer options, and nothing else: no routing, no gate, no logging, no metrics.
+//!
+//! `cargo bench --bench bare_proxy -- LISTEN UPSTREAM [THREADS]` (runs until killed).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::prelude::*;
+use pingora::server::configuration::ServerConf;
+
+struct Bare {
+    upstream: SocketAddr,
+}
+
+#[async_trait]
+impl ProxyHttp for Bare {
+    type CTX = ();
+
+    fn new_ctx(&self) {}
+
+    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
+        // The gateway's defaults (upstream.connect_timeout_ms, read/write timeouts).
+        let mut peer = HttpPeer::new(self.upstream, false, String::new());
+        peer.options.connection_timeout = Some(Duration::from_millis(1000));
+        peer.options.total_connection_timeout = Some(Duration::from_millis(1000));
+        peer.options.read_timeout = Some(Duration::from_secs(30));
+        peer.options.write_timeout = Some(Duration::from_secs(30));
+        Ok(Box::new(peer))
+    }
+}
+
+fn main() {
+    // `cargo bench` appends `--bench`; everything else is positional.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let (Some(listen), Some(upstream)) = (args.first(), args.get(1)) else {
+        eprintln!("usage: bare_proxy LISTEN UPSTREAM [THREADS]");
+        std::process::exit(64);
+    };
+    let Ok(upstream) = upstream.parse::<SocketAddr>() else {
+        eprintln!("bare_proxy: UPSTREAM must be ip:port, not {upstream}");
+        std::process::exit(64);
+    };
+    let threads = match args.get(2).map(|t| t.parse::<usize>()) {
+        None => 1,
+        Some(Ok(t)) if t > 0 => t,
+        Some(_) => {
+            eprintln!("bare_proxy: THREADS must be a positive number");
+            std::process::exit(64);
+        }
+    };
+    let mut conf = ServerConf {
+        threads,
+        work_stealing: false,
+        pid_file: format!("/tmp/vq-bare-proxy-{}.pid", std::process::id()),
+        upgrade_sock: format!("/tmp/vq-bare-proxy-{}.sock", std::process::id()),
+        ..ServerConf::default()
+    };
+    conf.max_retries = 1;
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, Bare { upstream });
+    proxy.add_tcp(listen);
+    server.add_service(proxy);
+    server.bootstrap();
+    server.run_forever();
+}
