@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vq_gateway::queue::{QueueTarget, TargetType};
+use vq_gateway::store::liveness::Liveness;
 use vq_gateway::store::{Now, QueueStore, RedisStore, TokenCandidate};
 
 fn free_port() -> std::io::Result<u16> {
@@ -124,7 +125,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "used_memory grew by {} bytes: {per_user:.1} bytes per waiting user",
         after - before
     );
-    for key in ["waiting", "heartbeat", "seqtime"] {
+    // The heartbeat bitmap of the window the enters and polls fell in (as many windows stay
+    // alive as a sweep reads: see src/store/liveness.rs).
+    let window = format!("alive:{}", Liveness::default().window(now.epoch_ms));
+    for key in ["waiting", "queued", window.as_str(), "seqtime"] {
         let k = format!("queue:{{LIMITED_DROP:42}}:{key}");
         let bytes: f64 = redis(port, &["MEMORY", "USAGE", &k, "SAMPLES", "0"])?
             .parse()

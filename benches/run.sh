@@ -95,7 +95,6 @@ run_rb() {
 ENTER_SHA=$(redis-cli -p "$RP" SCRIPT LOAD "$(cat lua/enter.lua)")
 POLL_SHA=$(redis-cli -p "$RP" SCRIPT LOAD "$(cat lua/poll.lua)")
 K='queue:{LIMITED_DROP:42}:'
-KEYS="${K}waiting ${K}heartbeat ${K}seq ${K}admitted_count ${K}seqtime ${K}waits ${K}advances ${K}token:__rand_int__"
 
 echo "warming up..." >&2
 wrk -t1 -c8 -d2s "http://127.0.0.1:$GW/products/1" >/dev/null
@@ -132,9 +131,9 @@ read -r ge_rps ge_p50 ge_p99 ge_bad ge_total <<<"$(median_of "http://127.0.0.1:$
 read -r gp_rps gp_p50 gp_p99 gp_bad gp_total <<<"$(median_of "http://127.0.0.1:$GW/virtual-queues/limited-drop/42/entries/me" -s benches/wrk/poll.lua)"
 RB_N=$(python3 -c "print(max(50000, int($ge_rps * $DUR)))")
 # shellcheck disable=SC2086
-re_rps=$(run_rb "$RB_N" EVALSHA "$ENTER_SHA" 8 $KEYS __rand_int__ 1800000000000 10000000 1800000)
+re_rps=$(run_rb "$RB_N" EVALSHA "$ENTER_SHA" $(bash benches/script_args.sh enter "$K"))
 # shellcheck disable=SC2086
-rp_rps=$(run_rb "$RB_N" EVALSHA "$POLL_SHA" 8 $KEYS __rand_int__ 1800000000000)
+rp_rps=$(run_rb "$RB_N" EVALSHA "$POLL_SHA" $(bash benches/script_args.sh poll "$K"))
 WAITING=$(redis-cli -p "$RP" ZCARD "${K}waiting")
 
 ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }

@@ -7,7 +7,7 @@
 -- same target within `min_interval` ms of the last one, timed by Redis' own clock (TIME), so a
 -- paused lock holder, a lost reply, a retried call or a second instance cannot double-advance.
 --
--- KEYS[1..7] as in enter.lua (waiting, heartbeat, seq, admitted_count, seqtime, waits, advances)
+-- KEYS[1..7] as in enter.lua (waiting, queued, seq, admitted_count, seqtime, waits, advances)
 -- KEYS[8]    queue:{T}:last_advance  STRING, Redis time (ms) of the last advance
 -- ARGV[1] batch size, ARGV[2] min interval (ms), ARGV[3] key TTL (ms), ARGV[4] samples to keep
 -- Reply: {outcome, admitted_count, newly admitted live users, waiting count[, ms until allowed]}

@@ -3,7 +3,7 @@
 -- enters of one user get one seq and waste none, and the capacity check cannot race the INCR.
 --
 -- KEYS[1] queue:{T}:waiting         ZSET userId -> seq
--- KEYS[2] queue:{T}:heartbeat       ZSET userId -> last poll (ms)
+-- KEYS[2] queue:{T}:queued          bitmap by seq: 1 while that seq waits (for the sweep)
 -- KEYS[3] queue:{T}:seq             STRING, INCR
 -- KEYS[4] queue:{T}:admitted_count  STRING
 -- KEYS[5] queue:{T}:seqtime         ZSET "seq:ms" -> seq: sparse enter-time checkpoints, for wait
@@ -12,7 +12,10 @@
 -- KEYS[6] queue:{T}:waits           LIST of admission waits (ms)
 -- KEYS[7] queue:{T}:advances        LIST of "ms:admitted_count" samples
 -- KEYS[8] queue:{T}:token:{userId}  STRING "expiresAt|token"
--- ARGV[1] userId, ARGV[2] now (ms), ARGV[3] capacity, ARGV[4] key TTL (ms)
+-- KEYS[9] queue:{T}:alive:{window}  bitmap by seq: heartbeats of the current window (the window
+--                                    is the caller's: now / (heartbeat timeout / 4))
+-- ARGV[1] userId, ARGV[2] now (ms), ARGV[3] capacity, ARGV[4] key TTL (ms),
+-- ARGV[5] TTL of a window's bitmap (ms)
 -- Reply: {"ADMITTED", "expiresAt|token"} | {"WAITING", seq, rank} | {"FULL"}
 --
 -- The `#!lua` shebang (no allow-oom flag) makes Redis refuse the whole script under maxmemory
@@ -31,9 +34,16 @@ local function touch()
   end
 end
 
+-- The heartbeat: the seq's bit in this window's bitmap, which expires on its own (NX: the
+-- first writer of a window sets its lifetime; polls only set bits).
+local function heartbeat(s)
+  redis.call('SETBIT', KEYS[9], s, 1)
+  redis.call('PEXPIRE', KEYS[9], ARGV[5], 'NX')
+end
+
 local seq = redis.call('ZSCORE', KEYS[1], user)
 if seq then
-  redis.call('ZADD', KEYS[2], now, user)
+  heartbeat(tonumber(seq))
   touch()
   return {'WAITING', seq, redis.call('ZRANK', KEYS[1], user)}
 end
@@ -46,11 +56,12 @@ end
 local s = redis.call('INCR', KEYS[3])
 if s == 1 then
   -- A fresh sequence must start from a fresh mark: a stale admitted_count left behind by an
-  -- expired seq would admit newcomers at once.
-  redis.call('DEL', KEYS[4], KEYS[7])
+  -- expired seq would admit newcomers at once (and stale queued bits would name new users).
+  redis.call('DEL', KEYS[2], KEYS[4], KEYS[7])
 end
 redis.call('ZADD', KEYS[1], s, user)
-redis.call('ZADD', KEYS[2], now, user)
+redis.call('SETBIT', KEYS[2], s, 1)
+heartbeat(s)
 local last = redis.call('ZREVRANGE', KEYS[5], 0, 0)[1]
 local last_seq, last_ms = 0, 0
 if last then

@@ -2,9 +2,9 @@
 -- issue.lua: stores the entry token of a user the pump admitted (after poll.lua answered DUE).
 -- Atomic and idempotent, so two concurrent polls of one user end with one stored token, answered
 -- to both: a token stored already wins over the caller's candidate. Takes the user out of the
--- waiting and heartbeat sets, records the wait, and refreshes the target's key TTL.
+-- waiting set and the queued bitmap, records the wait, and refreshes the target's key TTL.
 --
--- KEYS[1..8] as in poll.lua
+-- KEYS[1..9] as in poll.lua
 -- ARGV[1] userId, ARGV[2] now (ms), ARGV[3] candidate "expiresAt|token", ARGV[4] token TTL (s),
 -- ARGV[5] key TTL (ms), ARGV[6] how many wait samples to keep
 -- Reply: {"ADMITTED", "expiresAt|token"[, waited ms when this call issued it]}
@@ -25,13 +25,13 @@ if not seq then
 end
 if tonumber(seq) > tonumber(redis.call('GET', KEYS[4]) or '0') then
   -- Not admitted (the mark never moves back; kept for a caller that did not poll first).
-  redis.call('ZADD', KEYS[2], now, user)
+  redis.call('SETBIT', KEYS[9], seq, 1)
   return {'WAITING', seq, redis.call('ZRANK', KEYS[1], user)}
 end
 
 redis.call('SET', KEYS[8], candidate, 'EX', token_ttl)
 redis.call('ZREM', KEYS[1], user)
-redis.call('ZREM', KEYS[2], user)
+redis.call('SETBIT', KEYS[2], seq, 0)
 for i = 1, 7 do
   redis.call('PEXPIRE', KEYS[i], ttl)
 end

@@ -129,13 +129,19 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
         crate::registry::TargetsMode::Any => config.queue.max_active_targets.get() as usize,
         crate::registry::TargetsMode::Registered => usize::MAX / 2,
     };
+    let liveness = crate::store::liveness::Liveness::for_timeout(config.queue.heartbeat_timeout);
     let store: Arc<dyn QueueStore> = match &config.store.backend {
-        StoreBackend::Memory => Arc::new(MemoryStore::new().with_max_targets(max_targets)),
+        StoreBackend::Memory => Arc::new(
+            MemoryStore::new()
+                .with_max_targets(max_targets)
+                .with_liveness(liveness),
+        ),
         StoreBackend::Redis { url } => {
             let s = Arc::new(
                 RedisStore::new(url, config.store.command_timeout)
                     .map_err(|e| StartError::Store(e.to_string()))?
-                    .with_max_targets(max_targets),
+                    .with_max_targets(max_targets)
+                    .with_liveness(liveness),
             );
             redis_store = Some(s.clone());
             s

@@ -23,6 +23,7 @@ use common::RedisServer;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, TestCaseError, TestRunner};
 use vq_gateway::queue::{QueueTarget, TargetType};
+use vq_gateway::store::liveness::Liveness;
 use vq_gateway::store::{MemoryStore, Now, QueueStore, RedisStore, TokenCandidate};
 
 const CAPACITY: u64 = 6;
@@ -49,13 +50,19 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (target.clone(), user.clone()).prop_map(|(target, user)| Op::Poll { target, user }),
         1 => (target.clone(), user).prop_map(|(target, user)| Op::Leave { target, user }),
         2 => (target.clone(), 1u32..=3).prop_map(|(target, batch)| Op::Advance { target, batch }),
-        1 => (target.clone(), 0u64..4_000, 1u32..=3)
+        1 => (target.clone(), 0u64..16_000, 1u32..=3)
             .prop_map(|(target, age_ms, max)| Op::Sweep { target, age_ms, max }),
         1 => target.clone().prop_map(|target| Op::Stats { target }),
         1 => (target.clone(), 0u8..3).prop_map(|(target, token)| Op::Claim { target, token }),
         1 => (target, 0u8..3).prop_map(|(target, token)| Op::Release { target, token }),
         2 => (0u64..2_500).prop_map(|ms| Op::Step { ms }),
     ]
+}
+
+/// One-second heartbeat windows: the clock steps below cross several, and sweeps reach from
+/// inside the current window to beyond the farthest a sweep reads (then nobody is evicted).
+fn liveness() -> Liveness {
+    Liveness::for_timeout(Duration::from_secs(4))
 }
 
 fn target(id: u64) -> QueueTarget {
@@ -151,7 +158,7 @@ async fn compare_waits(memory: &dyn QueueStore, redis: &dyn QueueStore, now: Now
 
 async fn run(ops: &[Op], redis: &RedisServer, store: &dyn QueueStore) -> Result<(), TestCaseError> {
     redis.cmd(&["FLUSHALL"]);
-    let memory = MemoryStore::new();
+    let memory = MemoryStore::new().with_liveness(liveness());
     let mut now_ms = BASE_MS;
     for (i, op) in ops.iter().enumerate() {
         if let Op::Step { ms } = op {
@@ -178,7 +185,8 @@ fn memory_and_redis_give_the_same_replies() {
         let s = Arc::new(
             RedisStore::new(&redis.url(), Duration::from_secs(2))
                 .unwrap()
-                .with_max_targets(1_000),
+                .with_max_targets(1_000)
+                .with_liveness(liveness()),
         );
         assert!(s.connect(Duration::from_secs(5)).await);
         s

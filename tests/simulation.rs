@@ -16,6 +16,7 @@ use vq_gateway::failopen::Pacer;
 use vq_gateway::metrics::Metrics;
 use vq_gateway::pump::{Pump, PumpConfig};
 use vq_gateway::queue::{QueueTarget, TargetType};
+use vq_gateway::store::liveness::Liveness;
 use vq_gateway::store::{
     EnterOutcome, GuardConfig, MemoryStore, Now, PollOutcome, QueueStore, StoreGuard,
     TokenCandidate,
@@ -61,7 +62,8 @@ fn run(seed: u64, ticks: u64, instances: u64) {
 }
 
 async fn simulate(seed: u64, ticks: u64, instances: u64) {
-    let store = Arc::new(MemoryStore::new());
+    let liveness = Liveness::for_timeout(Duration::from_millis(HEARTBEAT_MS));
+    let store = Arc::new(MemoryStore::new().with_liveness(liveness));
     let t = QueueTarget::new(TargetType::TicketingEvent, 1);
     let base = 1_800_000_000_000u64;
     let clock = Arc::new(VirtualClock::new(base));
@@ -134,7 +136,9 @@ async fn simulate(seed: u64, ticks: u64, instances: u64) {
             .collect();
         for user in waiting {
             let UserState::Waiting {
-                seq, abandons_at, ..
+                seq,
+                abandons_at,
+                last_poll,
             } = users[&user]
             else {
                 continue;
@@ -173,11 +177,13 @@ async fn simulate(seed: u64, ticks: u64, instances: u64) {
                         seq > last_mark,
                         "user {user} (seq {seq}) waiting below mark {last_mark}"
                     );
+                    // A heartbeat never moves back: a first poll drawn earlier in the tick than
+                    // the enter leaves the enter's time.
                     users.insert(
                         user,
                         UserState::Waiting {
                             seq,
-                            last_poll: at,
+                            last_poll: last_poll.max(at),
                             abandons_at,
                         },
                     );
@@ -231,10 +237,13 @@ async fn simulate(seed: u64, ticks: u64, instances: u64) {
             }
             last_mark = mark;
             let cutoff = (base + done).saturating_sub(HEARTBEAT_MS);
-            // Mirror the eviction in the model: exactly the users whose last poll is that old.
+            // Mirror the eviction in the model: exactly the users whose last poll fell in a
+            // heartbeat window before the cutoff's (nobody who polled after the cutoff; a user
+            // silent since it at most one window later).
+            let first_live = liveness.window(cutoff);
             let stale: Vec<u64> = users
                 .iter()
-                .filter(|(_, s)| matches!(s, UserState::Waiting { last_poll, .. } if base + last_poll <= cutoff))
+                .filter(|(_, s)| matches!(s, UserState::Waiting { last_poll, .. } if liveness.window(base + last_poll) < first_live))
                 .map(|(u, _)| *u)
                 .collect();
             assert_eq!(

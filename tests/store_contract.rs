@@ -12,6 +12,7 @@ use std::time::Duration;
 use common::RedisServer;
 use vq_gateway::clock::now;
 use vq_gateway::queue::{QueueTarget, TargetType};
+use vq_gateway::store::liveness::Liveness;
 use vq_gateway::store::{
     AdvanceOutcome, EnterOutcome, MemoryStore, Now, PollOutcome, QueueStore, RedisStore,
     TokenCandidate,
@@ -453,12 +454,34 @@ async fn redis_keys_follow_the_contract() {
             .as_int(),
         2
     );
-    let hb = redis
-        .cmd(&["ZSCORE", &format!("{p}heartbeat"), "1001"])
-        .as_int() as u64;
-    assert!(hb >= before && hb <= now().epoch_ms, "heartbeat {hb}");
+    // The heartbeat is the seq's bit in the bitmap of the current window (15 s by default), which
+    // expires on its own; the queued bitmap holds the seqs that wait.
+    let liveness = Liveness::default();
+    let windows = [liveness.window(before), liveness.window(now().epoch_ms)];
+    let alive = |seq: &str| {
+        windows.iter().any(|w| {
+            redis
+                .cmd(&["GETBIT", &format!("{p}alive:{w}"), seq])
+                .as_int()
+                == 1
+        })
+    };
+    assert!(alive("1") && alive("2"), "enter heartbeats");
+    let window_ttl = redis
+        .cmd(&["PTTL", &format!("{p}alive:{}", windows[1])])
+        .as_int();
+    assert!(
+        window_ttl > 0 && window_ttl as u64 <= liveness.key_ttl_ms(),
+        "window ttl {window_ttl}"
+    );
+    for seq in ["1", "2"] {
+        assert_eq!(
+            redis.cmd(&["GETBIT", &format!("{p}queued"), seq]).as_int(),
+            1
+        );
+    }
     assert_eq!(redis.cmd(&["GET", &format!("{p}seq")]).as_int(), 2);
-    for key in ["waiting", "heartbeat", "seq", "seqtime"] {
+    for key in ["waiting", "queued", "seq", "seqtime"] {
         let ttl = redis.cmd(&["TTL", &format!("{p}{key}")]).as_int();
         assert!((1790..=1800).contains(&ttl), "{key}: ttl {ttl}");
     }
@@ -476,8 +499,8 @@ async fn redis_keys_follow_the_contract() {
     );
     let ttl = redis.cmd(&["TTL", &format!("{p}admitted_count")]).as_int();
     assert!((1790..=1800).contains(&ttl), "admitted_count ttl {ttl}");
-    // A waiting poll: four commands (ZSCORE, GET, ZADD, ZRANK), no token signed, no TTL extended.
-    for key in ["waiting", "heartbeat", "seq", "admitted_count", "seqtime"] {
+    // A waiting poll: four commands (ZSCORE, GET, SETBIT, ZRANK), no token signed, no TTL extended.
+    for key in ["waiting", "queued", "seq", "admitted_count", "seqtime"] {
         redis.cmd(&["PEXPIRE", &format!("{p}{key}"), "100000"]);
     }
     // (The first poll on an instance also re-registers the target in `queue:active`, at most
@@ -512,7 +535,7 @@ async fn redis_keys_follow_the_contract() {
         .collect();
     let total: i64 = calls.iter().map(|(_, n)| n).sum();
     assert!(total <= 4, "a waiting poll ran {total} commands: {calls:?}");
-    for key in ["waiting", "heartbeat", "seq", "admitted_count", "seqtime"] {
+    for key in ["waiting", "queued", "seq", "admitted_count", "seqtime"] {
         let ttl = redis.cmd(&["TTL", &format!("{p}{key}")]).as_int();
         assert!(
             (95..=100).contains(&ttl),
@@ -523,7 +546,7 @@ async fn redis_keys_follow_the_contract() {
     // The admitted user's poll signs and stores the token and refreshes the target's keys.
     let c = candidate("tok");
     s.poll(t, 1001, now(), &|| c.clone()).await.unwrap();
-    for key in ["waiting", "heartbeat", "seq", "admitted_count", "seqtime"] {
+    for key in ["waiting", "queued", "seq", "admitted_count", "seqtime"] {
         let ttl = redis.cmd(&["TTL", &format!("{p}{key}")]).as_int();
         assert!(
             (1790..=1800).contains(&ttl),
@@ -542,9 +565,22 @@ async fn redis_keys_follow_the_contract() {
         common::Resp::Nil
     );
     assert_eq!(
-        redis.cmd(&["ZSCORE", &format!("{p}heartbeat"), "1001"]),
-        common::Resp::Nil
+        redis.cmd(&["GETBIT", &format!("{p}queued"), "1"]).as_int(),
+        0,
+        "an admitted seq is no longer queued"
     );
+
+    // A sweep gives the window bitmaps their lifetime, creates the next window's ahead of the
+    // polls, and leaves no scratch key behind.
+    let now_ms = now().epoch_ms;
+    assert_eq!(s.sweep(t, now_ms - 60_000, 10, now()).await.unwrap(), 0);
+    let next = liveness.window(now_ms) + 1;
+    let ttl = redis.cmd(&["PTTL", &format!("{p}alive:{next}")]).as_int();
+    assert!(
+        ttl > 0 && ttl as u64 <= liveness.key_ttl_ms(),
+        "next window ttl {ttl}"
+    );
+    assert_eq!(redis.cmd(&["EXISTS", &format!("{p}sweep")]).as_int(), 0);
 
     // The pump lock: SET NX PX, owned, released only by its owner.
     assert!(s
@@ -569,7 +605,7 @@ async fn redis_keys_follow_the_contract() {
     // (tests/targets.rs runs that end to end); retiring takes them off queue:active.
     for key in [
         "waiting",
-        "heartbeat",
+        "queued",
         "seq",
         "admitted_count",
         "seqtime",

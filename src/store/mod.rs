@@ -8,6 +8,7 @@
 
 mod breaker;
 mod guard;
+pub mod liveness;
 mod memory;
 mod redis;
 mod replies;
@@ -33,8 +34,9 @@ pub const RATE_WINDOW_MS: u64 = 30_000;
 /// Default cap on targets with a live queue (`queue.max_active_targets`).
 pub const DEFAULT_MAX_TARGETS: usize = 1000;
 
-/// Redis memory per waiting user, measured by `benches/redis_memory.rs` at 100,000 users.
-pub const BYTES_PER_WAITING_USER: u64 = 216;
+/// Redis memory per waiting user, measured by `benches/redis_memory.rs` at 100,000 users (112),
+/// rounded up for the heartbeat windows kept alive at once (about 0.2 bytes per user each).
+pub const BYTES_PER_WAITING_USER: u64 = 120;
 
 /// How many advance samples (time, mark) a target keeps for its rate.
 pub const ADVANCE_SAMPLES: usize = 64;

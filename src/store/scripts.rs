@@ -86,7 +86,12 @@ pub const INSTANCES_KEY: &str = "queue:instances";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Key<'a> {
     Waiting,
-    Heartbeat,
+    /// Bitmap by seq: 1 while that seq waits.
+    Queued,
+    /// Bitmap by seq: heartbeats in one window (`liveness.rs`).
+    Alive(u64),
+    /// The sweep's scratch bitmap.
+    Sweep,
     Seq,
     AdmittedCount,
     SeqTime,
@@ -116,7 +121,9 @@ impl TargetKeys {
         let p = &self.prefix;
         match key {
             Key::Waiting => format!("{p}waiting"),
-            Key::Heartbeat => format!("{p}heartbeat"),
+            Key::Queued => format!("{p}queued"),
+            Key::Alive(window) => format!("{p}alive:{window}"),
+            Key::Sweep => format!("{p}sweep"),
             Key::Seq => format!("{p}seq"),
             Key::AdmittedCount => format!("{p}admitted_count"),
             Key::SeqTime => format!("{p}seqtime"),
@@ -135,7 +142,7 @@ impl TargetKeys {
     fn shared_keys(&self) -> Vec<String> {
         [
             Key::Waiting,
-            Key::Heartbeat,
+            Key::Queued,
             Key::Seq,
             Key::AdmittedCount,
             Key::SeqTime,
@@ -147,10 +154,23 @@ impl TargetKeys {
         .collect()
     }
 
-    /// KEYS of enter.lua, poll.lua and issue.lua: the shared seven, then the user's token key.
-    pub fn queue_keys(&self, user: u64) -> Vec<String> {
+    /// KEYS of enter.lua, poll.lua and issue.lua: the shared seven, the user's token key, and
+    /// the bitmap of the heartbeat window the call falls in.
+    pub fn queue_keys(&self, user: u64, window: u64) -> Vec<String> {
         let mut keys = self.shared_keys();
         keys.push(self.of(Key::Token(user)));
+        keys.push(self.of(Key::Alive(window)));
+        keys
+    }
+
+    /// KEYS of sweep.lua: waiting, queued, the scratch bitmap, then the windows it reads.
+    pub fn sweep_keys(&self, windows: std::ops::RangeInclusive<u64>) -> Vec<String> {
+        let mut keys = vec![
+            self.of(Key::Waiting),
+            self.of(Key::Queued),
+            self.of(Key::Sweep),
+        ];
+        keys.extend(windows.map(|w| self.of(Key::Alive(w))));
         keys
     }
 
@@ -172,6 +192,12 @@ mod tests {
         let k = TargetKeys::new(QueueTarget::new(TargetType::LimitedDrop, 42));
         assert_eq!(k.of(Key::Waiting), "queue:{LIMITED_DROP:42}:waiting");
         assert_eq!(k.of(Key::Token(1001)), "queue:{LIMITED_DROP:42}:token:1001");
+        assert_eq!(k.of(Key::Alive(7)), "queue:{LIMITED_DROP:42}:alive:7");
+        let sweep = k.sweep_keys(3..=5);
+        assert_eq!(sweep.len(), 6);
+        assert!(sweep
+            .iter()
+            .all(|k| k.starts_with("queue:{LIMITED_DROP:42}:")));
         assert_eq!(k.of(Key::Used("ab")), "queue:{LIMITED_DROP:42}:used:ab");
     }
 

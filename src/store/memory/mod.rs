@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::liveness::Liveness;
 use super::{
     Advance, AdvanceOutcome, EnterOutcome, Instances, Mint, Now, PollOutcome, QueueStore,
     StoreError, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS,
@@ -25,7 +26,8 @@ use fenwick::Fenwick;
 #[derive(Debug)]
 struct Waiter {
     seq: u64,
-    heartbeat_ms: u64,
+    /// The latest heartbeat window (`liveness.rs`) the user polled in.
+    heartbeat_window: u64,
     entered_ms: u64,
 }
 
@@ -44,7 +46,7 @@ struct TargetState {
     slots: Vec<u64>,
     live: Fenwick,
     waiting: HashMap<u64, Waiter>,
-    /// (last heartbeat ms, user), oldest first, for eviction.
+    /// (latest heartbeat window, user), stalest first, for eviction.
     by_heartbeat: BTreeSet<(u64, u64)>,
     last_advance_ms: Option<u64>,
     /// user → (expiresAt epoch s, token).
@@ -99,17 +101,21 @@ impl TargetState {
         }
     }
 
-    fn heartbeat(&mut self, user: u64, now_ms: u64) {
+    /// Marks the user alive in `window` (a heartbeat never moves it back, as a bit set in an
+    /// earlier window's bitmap stays set).
+    fn heartbeat(&mut self, user: u64, window: u64) {
         if let Some(w) = self.waiting.get_mut(&user) {
-            self.by_heartbeat.remove(&(w.heartbeat_ms, user));
-            w.heartbeat_ms = now_ms;
-            self.by_heartbeat.insert((now_ms, user));
+            if window > w.heartbeat_window {
+                self.by_heartbeat.remove(&(w.heartbeat_window, user));
+                w.heartbeat_window = window;
+                self.by_heartbeat.insert((window, user));
+            }
         }
     }
 
     fn remove_waiter(&mut self, user: u64) -> Option<Waiter> {
         let w = self.waiting.remove(&user)?;
-        self.by_heartbeat.remove(&(w.heartbeat_ms, user));
+        self.by_heartbeat.remove(&(w.heartbeat_window, user));
         let slot = self.slots_upto(w.seq);
         if self.slots.get(slot.wrapping_sub(1)) == Some(&w.seq) {
             self.live.add(slot, -1);
@@ -129,6 +135,7 @@ pub struct MemoryStore {
     /// Single-use claims: (target, token id) → expiry (epoch ms).
     claims: Mutex<HashMap<(QueueTarget, String), u64>>,
     max_targets: usize,
+    liveness: Liveness,
 }
 
 impl Default for MemoryStore {
@@ -137,6 +144,7 @@ impl Default for MemoryStore {
             targets: Mutex::default(),
             claims: Mutex::default(),
             max_targets: DEFAULT_MAX_TARGETS,
+            liveness: Liveness::default(),
         }
     }
 }
@@ -148,6 +156,12 @@ impl MemoryStore {
              gateway instance, or use the redis backend for replicas"
         );
         MemoryStore::default()
+    }
+
+    /// The heartbeat window (`queue.heartbeat_timeout_s`).
+    pub fn with_liveness(mut self, liveness: Liveness) -> MemoryStore {
+        self.liveness = liveness;
+        self
     }
 
     /// Caps the number of targets with a live queue.
@@ -215,12 +229,13 @@ impl QueueStore for MemoryStore {
         if !self.admits_target(target, now)? {
             return Ok(EnterOutcome::TooManyTargets);
         }
+        let window = self.liveness.window(now.epoch_ms);
         self.with_target(target, now, |t| {
             if let Some((expires_at, token)) = t.token(user, now) {
                 return EnterOutcome::Admitted { token, expires_at };
             }
             if let Some(seq) = t.waiting.get(&user).map(|w| w.seq) {
-                t.heartbeat(user, now.epoch_ms);
+                t.heartbeat(user, window);
                 t.last_write_ms = now.epoch_ms;
                 return EnterOutcome::Waiting {
                     seq,
@@ -243,11 +258,11 @@ impl QueueStore for MemoryStore {
                 user,
                 Waiter {
                     seq,
-                    heartbeat_ms: now.epoch_ms,
+                    heartbeat_window: window,
                     entered_ms: now.epoch_ms,
                 },
             );
-            t.by_heartbeat.insert((now.epoch_ms, user));
+            t.by_heartbeat.insert((window, user));
             t.last_write_ms = now.epoch_ms;
             EnterOutcome::Waiting {
                 seq,
@@ -263,6 +278,7 @@ impl QueueStore for MemoryStore {
         now: Now,
         mint: Mint<'_>,
     ) -> Result<PollOutcome, StoreError> {
+        let window = self.liveness.window(now.epoch_ms);
         self.with_target(target, now, |t| {
             if let Some((expires_at, token)) = t.token(user, now) {
                 return PollOutcome::Admitted {
@@ -291,7 +307,7 @@ impl QueueStore for MemoryStore {
                     waited_ms,
                 };
             }
-            t.heartbeat(user, now.epoch_ms);
+            t.heartbeat(user, window);
             PollOutcome::Waiting {
                 seq,
                 ahead: t.rank(seq),
@@ -429,15 +445,20 @@ impl QueueStore for MemoryStore {
         max: u32,
         now: Now,
     ) -> Result<u64, StoreError> {
+        // As sweep.lua: users with a heartbeat in a window from the cutoff's on are kept, the
+        // others evicted lowest seq first; with the cutoff too far back, nobody.
+        let Some(windows) = self.liveness.sweep_windows(cutoff_ms, now.epoch_ms) else {
+            return self.with_target(target, now, |_| 0);
+        };
         self.with_target(target, now, |t| {
-            let stale: Vec<u64> = t
+            let mut stale: Vec<(u64, u64)> = t
                 .by_heartbeat
-                .iter()
-                .take_while(|(hb, _)| *hb <= cutoff_ms)
-                .take(max as usize)
-                .map(|(_, user)| *user)
+                .range(..(*windows.start(), 0))
+                .filter_map(|(_, user)| t.waiting.get(user).map(|w| (w.seq, *user)))
                 .collect();
-            for user in &stale {
+            stale.sort_unstable();
+            stale.truncate(max as usize);
+            for (_, user) in &stale {
                 t.remove_waiter(*user);
             }
             stale.len() as u64

@@ -24,6 +24,7 @@ use fred::types::{ClusterHash, CustomCommand};
 
 mod settings;
 
+use super::liveness::Liveness;
 use super::replies::{self, as_u64, reply_array, PollReply};
 use super::scripts::{Key, Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_KEY};
 use super::{
@@ -49,6 +50,7 @@ pub struct RedisStore {
     scripts: Scripts,
     registered: Mutex<HashMap<QueueTarget, Instant>>,
     max_targets: usize,
+    liveness: Liveness,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -88,6 +90,7 @@ impl RedisStore {
             scripts: Scripts::load(),
             registered: Mutex::new(HashMap::new()),
             max_targets: DEFAULT_MAX_TARGETS,
+            liveness: Liveness::default(),
         })
     }
 
@@ -169,6 +172,12 @@ impl RedisStore {
         Ok(as_u64(&reply, "setnx")? == 1)
     }
 
+    /// The heartbeat window (`queue.heartbeat_timeout_s`; every replica must use the same).
+    pub fn with_liveness(mut self, liveness: Liveness) -> RedisStore {
+        self.liveness = liveness;
+        self
+    }
+
     /// Caps the number of targets with a live queue (`queue:active`).
     pub fn with_max_targets(mut self, max: usize) -> RedisStore {
         self.max_targets = max.max(1);
@@ -246,12 +255,13 @@ impl QueueStore for RedisStore {
         if !self.admits_target(target).await? {
             return Ok(EnterOutcome::TooManyTargets);
         }
-        let keys = TargetKeys::new(target).queue_keys(user);
+        let keys = TargetKeys::new(target).queue_keys(user, self.liveness.window(now.epoch_ms));
         let argv = vec![
             user.to_string().into(),
             now.epoch_ms.to_string().into(),
             capacity.to_string().into(),
             KEY_TTL_MS.to_string().into(),
+            self.liveness.key_ttl_ms().to_string().into(),
         ];
         replies::enter(self.eval(&self.scripts.enter, keys, argv).await?)
     }
@@ -263,8 +273,9 @@ impl QueueStore for RedisStore {
         now: Now,
         mint: Mint<'_>,
     ) -> Result<PollOutcome, StoreError> {
-        let keys = TargetKeys::new(target).queue_keys(user);
-        let argv = vec![user.to_string().into(), now.epoch_ms.to_string().into()];
+        let window = self.liveness.window(now.epoch_ms);
+        let keys = TargetKeys::new(target).queue_keys(user, window);
+        let argv = vec![user.to_string().into()];
         let reply = self.eval(&self.scripts.poll, keys, argv).await?;
         let outcome = match replies::poll(reply)? {
             PollReply::Outcome(o) => o,
@@ -284,7 +295,7 @@ impl QueueStore for RedisStore {
                     WAIT_SAMPLES.to_string().into(),
                 ];
                 // The same keys again, built here rather than copied on every poll.
-                let keys = TargetKeys::new(target).queue_keys(user);
+                let keys = TargetKeys::new(target).queue_keys(user, window);
                 replies::issue(self.eval(&self.scripts.issue, keys, argv).await?)?
             }
         };
@@ -302,7 +313,7 @@ impl QueueStore for RedisStore {
         let k = TargetKeys::new(target);
         let keys = vec![
             k.of(Key::Waiting),
-            k.of(Key::Heartbeat),
+            k.of(Key::Queued),
             k.of(Key::Token(user)),
         ];
         self.eval(&self.scripts.leave, keys, vec![user.to_string().into()])
@@ -414,11 +425,19 @@ impl QueueStore for RedisStore {
         target: QueueTarget,
         cutoff_ms: u64,
         max: u32,
-        _now: Now,
+        now: Now,
     ) -> Result<u64, StoreError> {
-        let k = TargetKeys::new(target);
-        let keys = vec![k.of(Key::Waiting), k.of(Key::Heartbeat)];
-        let argv = vec![cutoff_ms.to_string().into(), max.to_string().into()];
+        // With the cutoff too far back, the script still runs, evicting nobody: it gives the
+        // bitmaps polls created their lifetime.
+        let (windows, max) = match self.liveness.sweep_windows(cutoff_ms, now.epoch_ms) {
+            Some(windows) => (windows, max),
+            None => (self.liveness.recent_windows(now.epoch_ms), 0),
+        };
+        let keys = TargetKeys::new(target).sweep_keys(windows);
+        let argv = vec![
+            max.to_string().into(),
+            self.liveness.key_ttl_ms().to_string().into(),
+        ];
         let reply = self.eval(&self.scripts.sweep, keys, argv).await?;
         as_u64(&reply, "evicted")
     }
