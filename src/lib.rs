@@ -21,8 +21,9 @@
 //! - `identity` — who the user is: `X-User-Id` from a trusted load balancer, or a verified JWT.
 //! - `registry` — which targets may have a queue (`any` or `registered`).
 //! - `queue`    — pure domain: targets, positions, ETA, response JSON, the per-replica stats cache.
-//! - `store`    — `QueueStore` trait; `RedisStore` (`redis/`, Lua in `lua/`) and `MemoryStore`
-//!   (`memory/`, the executable model of the scripts), both behind
+//! - `store`    — `QueueStore` trait; `RedisStore` (`redis/`, Lua in `lua/`; script calls
+//!   pipelined on a connection per thread in `redis/pipe.rs`) and `MemoryStore` (`memory/`, the
+//!   executable model of the scripts), heartbeat windows in `liveness.rs`, both behind
 //!   `StoreGuard` (deadlines, per-class in-flight limits, circuit breaker, health), which every
 //!   caller goes through.
 //! - `failopen` — what a replica does while its store cannot be used: the mode, the paced budget,

@@ -711,3 +711,58 @@ async fn scripts_reload_after_a_flush() {
         1
     );
 }
+
+/// The script calls' own connections (one per thread, pipelined) log in as the URL says: an ACL
+/// user with a password and a database number; a wrong password fails the call at once, with
+/// an error that does not carry the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_urls_with_a_user_password_and_database() {
+    let redis = RedisServer::start();
+    redis.cmd(&[
+        "ACL",
+        "SETUSER",
+        "gw",
+        "on",
+        ">gw-secret-password",
+        "~*",
+        "+@all",
+    ]);
+    let url = format!("redis://gw:gw-secret-password@127.0.0.1:{}/3", redis.port);
+    let s = connect(
+        RedisStore::new(&url, Duration::from_millis(500)).unwrap(),
+        &redis,
+    )
+    .await;
+    let t = QueueTarget::new(TargetType::LimitedDrop, 77);
+    assert_eq!(enter(s.as_ref(), t, 1).await, (1, 0));
+    assert_eq!(
+        poll(s.as_ref(), t, 1, "x").await,
+        PollOutcome::Waiting { seq: 1, ahead: 0 }
+    );
+
+    let wrong = format!("redis://gw:not-the-password@127.0.0.1:{}/3", redis.port);
+    let bad = Arc::new(RedisStore::new(&wrong, Duration::from_millis(500)).unwrap());
+    bad.connect(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    let err = bad
+        .enter(t, 2, now(), CAP)
+        .await
+        .expect_err("a wrong password must fail");
+    assert!(started.elapsed() < Duration::from_millis(400), "{err:?}");
+    assert!(!format!("{err:?}").contains("not-the-password"), "{err:?}");
+
+    // The keys are in database 3, not 0.
+    assert_eq!(
+        redis
+            .cmd(&["EXISTS", "queue:{LIMITED_DROP:77}:waiting"])
+            .as_int(),
+        0
+    );
+    redis.cmd(&["SELECT", "3"]);
+    assert_eq!(
+        redis
+            .cmd(&["ZSCORE", "queue:{LIMITED_DROP:77}:waiting", "1"])
+            .as_int(),
+        1
+    );
+}

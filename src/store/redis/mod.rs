@@ -22,7 +22,10 @@ use fred::prelude::*;
 use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand};
 
+mod pipe;
 mod settings;
+
+use pipe::{PipeError, Pipes};
 
 use super::liveness::Liveness;
 use super::replies::{self, as_u64, reply_array, PollReply};
@@ -51,6 +54,9 @@ pub struct RedisStore {
     registered: Mutex<HashMap<QueueTarget, Instant>>,
     max_targets: usize,
     liveness: Liveness,
+    /// Script calls pipelined on a connection per thread (plain single-server URLs).
+    pipes: Option<Pipes>,
+    command_timeout: Duration,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -66,6 +72,7 @@ impl RedisStore {
             .map_err(|e| StoreError::Protocol(format!("bad redis url: {}", e.details())))?;
         // Keep trying when Redis is not there at start (the gateway fails open meanwhile).
         config.fail_fast = false;
+        let pipes = Pipes::for_config(&config);
         let client = Builder::from_config(config)
             .with_performance_config(|p| p.default_command_timeout = command_timeout)
             .with_connection_config(|c| {
@@ -91,6 +98,8 @@ impl RedisStore {
             registered: Mutex::new(HashMap::new()),
             max_targets: DEFAULT_MAX_TARGETS,
             liveness: Liveness::default(),
+            pipes,
+            command_timeout,
         })
     }
 
@@ -147,6 +156,9 @@ impl RedisStore {
         keys: Vec<String>,
         argv: Vec<Value>,
     ) -> Result<Value, StoreError> {
+        if let Some(pipes) = &self.pipes {
+            return self.eval_piped(pipes, script, &keys, &argv).await;
+        }
         let mut args: Vec<Value> = Vec::with_capacity(2 + keys.len() + argv.len());
         args.push(script.sha.as_str().into());
         args.push(Value::Integer(keys.len() as i64));
@@ -160,6 +172,45 @@ impl RedisStore {
                 self.command("EVALSHA", args).await.map_err(store_err)
             }
             other => other.map_err(store_err),
+        }
+    }
+
+    /// `eval` on this thread's pipelined connection, within the command timeout.
+    async fn eval_piped(
+        &self,
+        pipes: &Pipes,
+        script: &Script,
+        keys: &[String],
+        argv: &[Value],
+    ) -> Result<Value, StoreError> {
+        let argv: Vec<std::borrow::Cow<'_, [u8]>> = argv.iter().map(arg_bytes).collect();
+        let nkeys = keys.len().to_string();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + argv.len());
+        args.push(b"EVALSHA");
+        args.push(script.sha.as_bytes());
+        args.push(nkeys.as_bytes());
+        args.extend(keys.iter().map(|k| k.as_bytes()));
+        args.extend(argv.iter().map(|a| a.as_ref()));
+        let piped_err = |e: Option<PipeError>| match e {
+            None => StoreError::Timeout,
+            Some(PipeError::Redis(e)) if e.starts_with("OOM") => StoreError::OutOfMemory,
+            Some(PipeError::Redis(e) | PipeError::Unavailable(e)) => StoreError::Unavailable(e),
+        };
+        match self.call_piped(pipes, &args).await {
+            Err(Some(PipeError::Redis(e))) if e.starts_with("NOSCRIPT") => {
+                let load: [&[u8]; 3] = [b"SCRIPT", b"LOAD", script.source.as_bytes()];
+                self.call_piped(pipes, &load).await.map_err(piped_err)?;
+                self.call_piped(pipes, &args).await.map_err(piped_err)
+            }
+            other => other.map_err(piped_err),
+        }
+    }
+
+    /// One pipelined command within the command timeout (`Err(None)`: timed out).
+    async fn call_piped(&self, pipes: &Pipes, args: &[&[u8]]) -> Result<Value, Option<PipeError>> {
+        match tokio::time::timeout(self.command_timeout, pipes.call(args)).await {
+            Err(_) => Err(None),
+            Ok(r) => r.map_err(Some),
         }
     }
 
@@ -223,6 +274,22 @@ impl RedisStore {
             }
         }
         Ok(())
+    }
+}
+
+/// A script argument as the bytes sent.
+fn arg_bytes(v: &Value) -> std::borrow::Cow<'_, [u8]> {
+    match v {
+        Value::String(s) => std::borrow::Cow::Borrowed(s.as_bytes()),
+        Value::Bytes(b) => std::borrow::Cow::Borrowed(b.as_ref()),
+        Value::Integer(i) => std::borrow::Cow::Owned(i.to_string().into_bytes()),
+        other => std::borrow::Cow::Owned(
+            other
+                .as_str()
+                .map(|s| s.into_owned())
+                .unwrap_or_default()
+                .into_bytes(),
+        ),
     }
 }
 
@@ -495,6 +562,9 @@ impl QueueStore for RedisStore {
     }
 
     async fn reconnect(&self) {
+        if let Some(pipes) = &self.pipes {
+            pipes.reconnect();
+        }
         if let Err(e) = self.client.force_reconnection().await {
             tracing::debug!(error = %e.details(), "reconnect failed; fred keeps retrying");
         }

@@ -1,0 +1,478 @@
+//! Script calls pipelined on a connection per thread.
+//!
+//! fred runs one connection as one task and flushes every `EVALSHA` on its own: each call from a
+//! proxy worker crosses to that task's thread and back, and costs a write of its own. Here every
+//! thread that calls a script (each proxy worker runs its own single-threaded runtime) gets its
+//! own connection, driven by two tasks on that thread: a writer that sends every call queued
+//! since its last write in one `write`, and a reader that answers the calls in order from
+//! whatever the socket delivers. Replies come back in the order of the calls (RESP), so a call
+//! that gave up (its deadline passed) still has its reply read and dropped.
+//!
+//! Only scripts go this way; everything else (start-up, `SCRIPT LOAD`, operator commands) stays
+//! on fred. Used for plain `redis://` URLs to a single server; other kinds stay on fred.
+//!
+//! Failure handling: a refused connect fails the call at once and the thread does not retry for
+//! `RETRY_AFTER`; a broken connection fails its pending calls and the next call reconnects;
+//! `reconnect()` (asked for by the breaker) makes every thread open a new connection on its
+//! next call. Deadlines are the caller's (`RedisStore` wraps every call in its timeout).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use fred::prelude::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+/// How long a thread whose connect failed fails its calls at once before trying again.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
+
+/// The longest reply accepted (the queue scripts answer a few dozen bytes; stats a few hundred).
+const MAX_REPLY: usize = 16 * 1024 * 1024;
+
+/// Why a pipelined call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PipeError {
+    /// No connection (refused, broken, or the thread is waiting before it tries again).
+    Unavailable(String),
+    /// Redis answered with an error reply (`NOSCRIPT ...`, `OOM ...`, `BUSY ...`).
+    Redis(String),
+}
+
+type Reply = Result<Value, PipeError>;
+
+struct Call {
+    frame: Vec<u8>,
+    reply: oneshot::Sender<Reply>,
+}
+
+/// Where and how to connect, shared by every thread's connection of one store.
+#[derive(Debug)]
+pub struct Pipes {
+    id: u64,
+    addr: String,
+    /// `AUTH` (and `SELECT`) frames sent first on every connection.
+    hello: Vec<u8>,
+    hello_replies: usize,
+    connect_timeout: Duration,
+    generation: AtomicU64,
+}
+
+/// A thread's connection to one store.
+struct Local {
+    calls: mpsc::UnboundedSender<Call>,
+    generation: u64,
+    /// Set by the reader when the connection broke: the next call opens a new one.
+    broken: Arc<AtomicBool>,
+}
+
+/// A thread whose last connect failed, and when.
+struct Down {
+    at: Instant,
+    generation: u64,
+    error: String,
+}
+
+thread_local! {
+    static LOCAL: RefCell<HashMap<u64, Local>> = RefCell::new(HashMap::new());
+    static DOWN: RefCell<HashMap<u64, Down>> = RefCell::new(HashMap::new());
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl Pipes {
+    /// `None` for a URL this module does not serve (not a single plain-TCP server).
+    pub fn for_config(config: &fred::types::config::Config) -> Option<Pipes> {
+        let fred::types::config::ServerConfig::Centralized { server } = &config.server else {
+            return None;
+        };
+        let mut hello = Vec::new();
+        let mut hello_replies = 0;
+        if let Some(password) = &config.password {
+            match &config.username {
+                Some(user) => encode(&mut hello, &[b"AUTH", user.as_bytes(), password.as_bytes()]),
+                None => encode(&mut hello, &[b"AUTH", password.as_bytes()]),
+            }
+            hello_replies += 1;
+        }
+        if let Some(db) = config.database.filter(|db| *db != 0) {
+            encode(&mut hello, &[b"SELECT", db.to_string().as_bytes()]);
+            hello_replies += 1;
+        }
+        Some(Pipes {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            addr: format!("{}:{}", server.host, server.port),
+            hello,
+            hello_replies,
+            connect_timeout: Duration::from_millis(500),
+            generation: AtomicU64::new(0),
+        })
+    }
+
+    /// Every thread opens a new connection on its next call.
+    pub fn reconnect(&self) {
+        self.generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sends one command (its arguments as RESP bulk strings) on this thread's connection.
+    pub async fn call(&self, args: &[&[u8]]) -> Reply {
+        let mut frame = Vec::with_capacity(64 + args.iter().map(|a| a.len() + 16).sum::<usize>());
+        encode(&mut frame, args);
+        let (tx, rx) = oneshot::channel();
+        let mut call = Call { frame, reply: tx };
+        // A connection found broken is replaced once, then the call fails.
+        for _ in 0..2 {
+            let sender = self.sender().await?;
+            match sender.send(call) {
+                Ok(()) => {
+                    return rx.await.unwrap_or_else(|_| {
+                        Err(PipeError::Unavailable("connection closed".into()))
+                    })
+                }
+                Err(mpsc::error::SendError(back)) => {
+                    LOCAL.with(|l| l.borrow_mut().remove(&self.id));
+                    call = back;
+                }
+            }
+        }
+        Err(PipeError::Unavailable("connection closed".into()))
+    }
+
+    /// This thread's connection, opened if there is none (or it is of an older generation).
+    async fn sender(&self) -> Result<mpsc::UnboundedSender<Call>, PipeError> {
+        let generation = self.generation.load(Ordering::Relaxed);
+        let live = LOCAL.with(|l| {
+            l.borrow()
+                .get(&self.id)
+                .filter(|c| {
+                    c.generation == generation
+                        && !c.calls.is_closed()
+                        && !c.broken.load(Ordering::Relaxed)
+                })
+                .map(|c| c.calls.clone())
+        });
+        if let Some(calls) = live {
+            return Ok(calls);
+        }
+        let recently_down = DOWN.with(|d| {
+            d.borrow()
+                .get(&self.id)
+                .filter(|d| d.generation == generation && d.at.elapsed() < RETRY_AFTER)
+                .map(|d| d.error.clone())
+        });
+        if let Some(error) = recently_down {
+            return Err(PipeError::Unavailable(error));
+        }
+        match self.open().await {
+            Ok((calls, broken)) => {
+                DOWN.with(|d| d.borrow_mut().remove(&self.id));
+                LOCAL.with(|l| {
+                    l.borrow_mut().insert(
+                        self.id,
+                        Local {
+                            calls: calls.clone(),
+                            generation,
+                            broken,
+                        },
+                    )
+                });
+                Ok(calls)
+            }
+            Err(error) => {
+                DOWN.with(|d| {
+                    d.borrow_mut().insert(
+                        self.id,
+                        Down {
+                            at: Instant::now(),
+                            generation,
+                            error: error.clone(),
+                        },
+                    )
+                });
+                Err(PipeError::Unavailable(error))
+            }
+        }
+    }
+
+    async fn open(&self) -> Result<(mpsc::UnboundedSender<Call>, Arc<AtomicBool>), String> {
+        let mut stream = match tokio::time::timeout(
+            self.connect_timeout,
+            TcpStream::connect(&self.addr),
+        )
+        .await
+        {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(format!("connect {}: {e}", self.addr)),
+            Err(_) => return Err(format!("connect {}: timed out", self.addr)),
+        };
+        let _ = stream.set_nodelay(true);
+        if self.hello_replies > 0 {
+            let hello = async {
+                stream
+                    .write_all(&self.hello)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut buf = BytesMut::with_capacity(256);
+                for _ in 0..self.hello_replies {
+                    loop {
+                        match parse(&mut buf) {
+                            Ok(Some(Ok(_))) => break,
+                            Ok(Some(Err(e))) => return Err(e),
+                            Ok(None) => {}
+                            Err(e) => return Err(e),
+                        }
+                        if stream.read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
+                            return Err("connection closed during AUTH/SELECT".to_string());
+                        }
+                    }
+                }
+                Ok::<(), String>(())
+            };
+            match tokio::time::timeout(self.connect_timeout, hello).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(format!("redis refused the connection: {e}")),
+                Err(_) => return Err("AUTH/SELECT timed out".to_string()),
+            }
+        }
+        let (read, write) = stream.into_split();
+        let (calls_tx, calls_rx) = mpsc::unbounded_channel();
+        let (order_tx, order_rx) = mpsc::unbounded_channel();
+        let broken = Arc::new(AtomicBool::new(false));
+        tokio::spawn(writer(write, calls_rx, order_tx));
+        tokio::spawn(reader(read, order_rx, broken.clone()));
+        Ok((calls_tx, broken))
+    }
+}
+
+/// Sends every call queued since the last write in one write; hands the reply slots to the
+/// reader in the same order.
+async fn writer(
+    mut socket: tokio::net::tcp::OwnedWriteHalf,
+    mut calls: mpsc::UnboundedReceiver<Call>,
+    order: mpsc::UnboundedSender<oneshot::Sender<Reply>>,
+) {
+    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    while let Some(first) = calls.recv().await {
+        buf.clear();
+        let mut next = Some(first);
+        while let Some(call) = next {
+            buf.extend_from_slice(&call.frame);
+            if order.send(call.reply).is_err() {
+                return; // the reader is gone: the connection is broken
+            }
+            next = calls.try_recv().ok();
+        }
+        if socket.write_all(&buf).await.is_err() {
+            return;
+        }
+    }
+    // Every sender dropped (a newer generation replaced this connection): closing the write
+    // side lets Redis close the connection and the reader end.
+}
+
+/// Answers the calls in order from the replies on the socket; on a broken connection, fails
+/// every call still waiting.
+async fn reader(
+    mut socket: tokio::net::tcp::OwnedReadHalf,
+    mut order: mpsc::UnboundedReceiver<oneshot::Sender<Reply>>,
+    broken: Arc<AtomicBool>,
+) {
+    let mut buf = BytesMut::with_capacity(16 * 1024);
+    let error = loop {
+        match parse(&mut buf) {
+            Ok(Some(reply)) => match order.recv().await {
+                Some(slot) => {
+                    let _ = slot.send(reply.map_err(PipeError::Redis));
+                    continue;
+                }
+                None => break "a reply nobody asked for".to_string(),
+            },
+            Ok(None) => {}
+            Err(e) => break e,
+        }
+        if buf.len() > MAX_REPLY {
+            break "reply too large".to_string();
+        }
+        match socket.read_buf(&mut buf).await {
+            Ok(0) => break "connection closed by redis".to_string(),
+            Ok(_) => {}
+            Err(e) => break e.to_string(),
+        }
+    };
+    broken.store(true, Ordering::Relaxed);
+    order.close();
+    while let Ok(slot) = order.try_recv() {
+        let _ = slot.send(Err(PipeError::Unavailable(error.clone())));
+    }
+}
+
+/// Appends one command as a RESP array of bulk strings.
+fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.push(b'*');
+    out.extend_from_slice(args.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for a in args {
+        out.push(b'$');
+        out.extend_from_slice(a.len().to_string().as_bytes());
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Takes one whole RESP2 reply off the front of `buf`: `Ok(None)` while it is incomplete,
+/// `Ok(Some(Err(text)))` for an error reply, `Err` when the bytes are not RESP.
+fn parse(buf: &mut BytesMut) -> Result<Option<Result<Value, String>>, String> {
+    let mut pos = 0;
+    match value(buf, &mut pos, 0)? {
+        None => Ok(None),
+        Some(v) => {
+            buf.advance(pos);
+            Ok(Some(v))
+        }
+    }
+}
+
+/// Deepest nesting accepted (the scripts answer flat arrays).
+const MAX_DEPTH: usize = 8;
+
+fn line<'a>(buf: &'a [u8], pos: &mut usize) -> Option<&'a [u8]> {
+    let rest = buf.get(*pos..)?;
+    let end = rest.windows(2).position(|w| w == b"\r\n")?;
+    let l = &rest[..end];
+    *pos += end + 2;
+    Some(l)
+}
+
+fn number(l: &[u8]) -> Result<i64, String> {
+    std::str::from_utf8(l)
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or_else(|| "bad number in reply".to_string())
+}
+
+fn value(
+    buf: &[u8],
+    pos: &mut usize,
+    depth: usize,
+) -> Result<Option<Result<Value, String>>, String> {
+    if depth > MAX_DEPTH {
+        return Err("reply nested too deep".into());
+    }
+    let Some(&kind) = buf.get(*pos) else {
+        return Ok(None);
+    };
+    *pos += 1;
+    let Some(l) = line(buf, pos) else {
+        return Ok(None);
+    };
+    match kind {
+        b'+' => Ok(Some(Ok(Value::from(
+            String::from_utf8_lossy(l).into_owned(),
+        )))),
+        b'-' => Ok(Some(Err(String::from_utf8_lossy(l).into_owned()))),
+        b':' => Ok(Some(Ok(Value::Integer(number(l)?)))),
+        b'$' => {
+            let n = number(l)?;
+            if n < 0 {
+                return Ok(Some(Ok(Value::Null)));
+            }
+            let n = usize::try_from(n).map_err(|_| "bad length".to_string())?;
+            if n > MAX_REPLY {
+                return Err("bulk string too large".into());
+            }
+            let Some(body) = buf.get(*pos..*pos + n) else {
+                return Ok(None);
+            };
+            if buf.get(*pos + n..*pos + n + 2).is_none() {
+                return Ok(None);
+            }
+            if &buf[*pos + n..*pos + n + 2] != b"\r\n" {
+                return Err("bulk string without CRLF".into());
+            }
+            *pos += n + 2;
+            Ok(Some(Ok(match std::str::from_utf8(body) {
+                Ok(s) => Value::from(s.to_string()),
+                Err(_) => Value::Bytes(bytes::Bytes::copy_from_slice(body)),
+            })))
+        }
+        b'*' => {
+            let n = number(l)?;
+            if n < 0 {
+                return Ok(Some(Ok(Value::Null)));
+            }
+            let n = usize::try_from(n).map_err(|_| "bad length".to_string())?;
+            let mut items = Vec::with_capacity(n.min(1024));
+            let mut error = None;
+            for _ in 0..n {
+                match value(buf, pos, depth + 1)? {
+                    None => return Ok(None),
+                    Some(Ok(v)) => items.push(v),
+                    Some(Err(e)) => {
+                        error.get_or_insert(e);
+                        items.push(Value::Null);
+                    }
+                }
+            }
+            Ok(Some(match error {
+                Some(e) => Err(e),
+                None => Ok(Value::Array(items)),
+            }))
+        }
+        _ => Err(format!("unknown reply type {kind:#x}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_all(bytes: &[u8]) -> Result<Option<Result<Value, String>>, String> {
+        let mut buf = BytesMut::from(bytes);
+        parse(&mut buf)
+    }
+
+    #[test]
+    fn replies_parse_whole_or_not_at_all() {
+        let full = b"*3\r\n$7\r\nWAITING\r\n:12\r\n$-1\r\n+OK\r\n";
+        let mut buf = BytesMut::from(&full[..]);
+        assert_eq!(
+            parse(&mut buf),
+            Ok(Some(Ok(Value::Array(vec![
+                Value::from("WAITING".to_string()),
+                Value::Integer(12),
+                Value::Null
+            ]))))
+        );
+        assert_eq!(parse(&mut buf), Ok(Some(Ok(Value::from("OK".to_string())))));
+        assert!(buf.is_empty());
+        // Every prefix of a reply is incomplete, never an error or a wrong value.
+        for cut in 0..full.len() - 5 {
+            assert_eq!(parse_all(&full[..cut]), Ok(None), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn error_replies_and_garbage_are_told_apart() {
+        assert_eq!(
+            parse_all(b"-NOSCRIPT No matching script\r\n"),
+            Ok(Some(Err("NOSCRIPT No matching script".into())))
+        );
+        assert!(parse_all(b"?what\r\n").is_err());
+        assert!(parse_all(b"$3\r\nabcXY").is_err());
+        assert!(parse_all(b":12a\r\n").is_err());
+        let deep = "*1\r\n".repeat(MAX_DEPTH + 2) + ":1\r\n";
+        assert!(parse_all(deep.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn commands_are_resp_arrays_of_bulk_strings() {
+        let mut out = Vec::new();
+        encode(&mut out, &[b"EVALSHA", b"ab", b"0"]);
+        assert_eq!(out, b"*3\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n0\r\n");
+    }
+}
