@@ -193,8 +193,7 @@ impl RedisStore {
         args.extend(argv.iter().map(|a| a.as_ref()));
         let piped_err = |e: Option<PipeError>| match e {
             None => StoreError::Timeout,
-            Some(PipeError::Redis(e)) if e.starts_with("OOM") => StoreError::OutOfMemory,
-            Some(PipeError::Redis(e) | PipeError::Unavailable(e)) => StoreError::Unavailable(e),
+            Some(PipeError::Redis(e) | PipeError::Unavailable(e)) => failure(e),
         };
         match self.call_piped(pipes, &args).await {
             Err(Some(PipeError::Redis(e))) if e.starts_with("NOSCRIPT") => {
@@ -297,10 +296,18 @@ fn arg_bytes(v: &Value) -> std::borrow::Cow<'_, [u8]> {
 fn store_err(e: Error) -> StoreError {
     if *e.kind() == ErrorKind::Timeout {
         StoreError::Timeout
-    } else if e.details().starts_with("OOM") {
+    } else {
+        failure(e.details().to_string())
+    }
+}
+
+/// A failure that was not a timeout, on either path (fred or pipelined): a refusal for memory
+/// (`OOM ...`), or the store is unavailable.
+fn failure(details: String) -> StoreError {
+    if details.starts_with("OOM") {
         StoreError::OutOfMemory
     } else {
-        StoreError::Unavailable(e.details().to_string())
+        StoreError::Unavailable(details)
     }
 }
 

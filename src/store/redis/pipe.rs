@@ -388,11 +388,10 @@ fn value(
             let Some(body) = buf.get(*pos..*pos + n) else {
                 return Ok(None);
             };
-            if buf.get(*pos + n..*pos + n + 2).is_none() {
-                return Ok(None);
-            }
-            if &buf[*pos + n..*pos + n + 2] != b"\r\n" {
-                return Err("bulk string without CRLF".into());
+            match buf.get(*pos + n..*pos + n + 2) {
+                None => return Ok(None),
+                Some(b"\r\n") => {}
+                Some(_) => return Err("bulk string without CRLF".into()),
             }
             *pos += n + 2;
             Ok(Some(Ok(match std::str::from_utf8(body) {
