@@ -82,7 +82,9 @@ fn enter(gw: &GatewayProc, headers: &[(&str, &str)]) -> Response {
 
 #[test]
 fn a_valid_token_is_the_user_and_client_ids_are_ignored() {
-    let (gw, up) = jwt_gateway(|_| {});
+    // No admission during the test: a tick boundary between the enter and the last poll would
+    // admit the user, and "still in line" is what the poll checks.
+    let (gw, up) = jwt_gateway(|c| c.queue.tick_ms = 3_600_000);
     let t = rs256("1001");
     let r = enter(&gw, &[("Authorization", &bearer(&t)), ("X-User-Id", "5")]);
     assert_eq!(r.status, 200, "{:?}", String::from_utf8_lossy(&r.body));
