@@ -16,7 +16,14 @@
 --                                    is the caller's: now / (heartbeat timeout / 4))
 -- ARGV[1] userId, ARGV[2] now (ms), ARGV[3] capacity, ARGV[4] key TTL (ms),
 -- ARGV[5] TTL of a window's bitmap (ms)
--- Reply: {"ADMITTED", "expiresAt|token"} | {"WAITING", seq, rank} | {"FULL"}
+-- Reply: {"ADMITTED", "expiresAt|token"} | {"WAITING", seq, rank, opened} | {"FULL"}
+--   opened: 1 when this enter put the first user into an empty waiting room (the caller then
+--   makes sure the target is on `queue:active`: the pump may have retired it as empty)
+--
+-- Key lifetimes: every key this script may create gets the TTL in the same call (a fresh
+-- sequence, an empty waiting room, a new checkpoint), and the TTL of all seven is extended with
+-- every checkpoint (at most once per 16 enters or per second) and by every admission step
+-- (advance.lua), not on every enter: seven PEXPIREs were half of an enter's commands.
 --
 -- The `#!lua` shebang (no allow-oom flag) makes Redis refuse the whole script under maxmemory
 -- before it runs, instead of failing at its first write and keeping the writes before it.
@@ -44,8 +51,7 @@ end
 local seq = redis.call('ZSCORE', KEYS[1], user)
 if seq then
   heartbeat(tonumber(seq))
-  touch()
-  return {'WAITING', seq, redis.call('ZRANK', KEYS[1], user)}
+  return {'WAITING', seq, redis.call('ZRANK', KEYS[1], user), 0}
 end
 
 local waiting = redis.call('ZCARD', KEYS[1])
@@ -68,8 +74,11 @@ if last then
   last_seq, last_ms = string.match(last, '^(%d+):(%d+)$')
   last_seq, last_ms = tonumber(last_seq), tonumber(last_ms)
 end
-if not last or s - last_seq >= 16 or tonumber(now) - last_ms >= 1000 then
+local checkpoint = not last or s - last_seq >= 16 or tonumber(now) - last_ms >= 1000
+if checkpoint then
   redis.call('ZADD', KEYS[5], s, string.format('%d:%d', s, tonumber(now)))
 end
-touch()
-return {'WAITING', tostring(s), waiting}
+if checkpoint or s == 1 or waiting == 0 then
+  touch()
+end
+return {'WAITING', tostring(s), waiting, waiting == 0 and 1 or 0}

@@ -439,6 +439,72 @@ async fn both_stores_cap_the_number_of_targets() {
     target_cap(connect(store.with_max_targets(3), &redis).await).await;
 }
 
+/// `queue:active` and a target's keys live in different slots, so retiring an empty target and a
+/// user entering it race. Two replicas: A remembers T as admitted (and skips `admit.lua`), B's
+/// pump retires it. Whatever the order, a target with waiting users ends up listed, and the cap
+/// still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retired_target_is_listed_again_when_users_return() {
+    let redis = RedisServer::start();
+    let a = connect(
+        RedisStore::new(&redis.url(), Duration::from_millis(500))
+            .unwrap()
+            .with_max_targets(1),
+        &redis,
+    )
+    .await;
+    let b = connect(
+        RedisStore::new(&redis.url(), Duration::from_millis(500))
+            .unwrap()
+            .with_max_targets(1),
+        &redis,
+    )
+    .await;
+    let active = || {
+        let mut v: Vec<String> = redis
+            .cmd(&["SMEMBERS", "queue:active"])
+            .as_vec()
+            .iter()
+            .filter_map(|r| r.as_str())
+            .collect();
+        v.sort();
+        v
+    };
+    let (t1, t2) = (target(1), target(2));
+    enter(a.as_ref(), t1, 1).await;
+    assert_eq!(active(), vec!["LIMITED_DROP:1"]);
+
+    // Retired while a user waits (the pump's emptiness check was stale): listed again at once.
+    b.retire_target(t1).await.unwrap();
+    assert_eq!(active(), vec!["LIMITED_DROP:1"], "a target with users stays");
+
+    // Retired empty; A still remembers it and skips admit.lua, but its enter opens the empty
+    // room and lists it again.
+    a.leave(t1, 1).await.unwrap();
+    b.retire_target(t1).await.unwrap();
+    assert!(active().is_empty());
+    assert_eq!(enter(a.as_ref(), t1, 2).await, (2, 0));
+    assert_eq!(active(), vec!["LIMITED_DROP:1"], "re-listed by the opening enter");
+
+    // Retired empty again and its slot taken by another target: A's enter is refused by the cap
+    // and leaves no user behind.
+    a.leave(t1, 2).await.unwrap();
+    b.retire_target(t1).await.unwrap();
+    enter(b.as_ref(), t2, 3).await;
+    assert_eq!(
+        a.enter(t1, 4, now(), CAP).await.unwrap(),
+        EnterOutcome::TooManyTargets
+    );
+    assert_eq!(active(), vec!["LIMITED_DROP:2"]);
+    assert_eq!(
+        redis
+            .cmd(&["ZCARD", "queue:{LIMITED_DROP:1}:waiting"])
+            .as_int(),
+        0,
+        "the refused user holds no place"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_keys_follow_the_contract() {
     let redis = RedisServer::start();

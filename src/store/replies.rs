@@ -62,19 +62,24 @@ fn waiting_reply(items: &[Value]) -> Result<(u64, u64), StoreError> {
     }
 }
 
-/// `enter.lua`: `{"ADMITTED", "expiresAt|token"} | {"WAITING", seq, rank} | {"FULL"}`.
-pub fn enter(v: Value) -> Result<EnterOutcome, StoreError> {
+/// `enter.lua`: `{"ADMITTED", "expiresAt|token"} | {"WAITING", seq, rank, opened} | {"FULL"}`,
+/// with whether this enter opened an empty waiting room (`opened` is 1).
+pub fn enter(v: Value) -> Result<(EnterOutcome, bool), StoreError> {
     let items = reply_array(v, "enter")?;
     match tag(&items).as_str() {
         "WAITING" => {
             let (seq, ahead) = waiting_reply(&items)?;
-            Ok(EnterOutcome::Waiting { seq, ahead })
+            let opened = match items.get(3) {
+                Some(flag) => as_u64(flag, "opened")? == 1,
+                None => return Err(StoreError::Protocol("short WAITING reply".into())),
+            };
+            Ok((EnterOutcome::Waiting { seq, ahead }, opened))
         }
         "ADMITTED" => {
             let (token, expires_at) = stored_token(items.get(1))?;
-            Ok(EnterOutcome::Admitted { token, expires_at })
+            Ok((EnterOutcome::Admitted { token, expires_at }, false))
         }
-        "FULL" => Ok(EnterOutcome::Full),
+        "FULL" => Ok((EnterOutcome::Full, false)),
         _ => Err(StoreError::Protocol("unknown enter reply".into())),
     }
 }
@@ -172,17 +177,43 @@ mod tests {
     #[test]
     fn replies_decode_and_bad_ones_are_protocol_errors() {
         assert_eq!(
-            enter(arr(&["WAITING".into(), "3".into(), Value::Integer(2)])).unwrap(),
-            EnterOutcome::Waiting { seq: 3, ahead: 2 }
+            enter(arr(&[
+                "WAITING".into(),
+                "3".into(),
+                Value::Integer(2),
+                Value::Integer(0)
+            ]))
+            .unwrap(),
+            (EnterOutcome::Waiting { seq: 3, ahead: 2 }, false)
         );
         assert_eq!(
-            enter(arr(&["ADMITTED".into(), "1700|tok".into()])).unwrap(),
-            EnterOutcome::Admitted {
-                token: "tok".into(),
-                expires_at: 1700
-            }
+            enter(arr(&[
+                "WAITING".into(),
+                "1".into(),
+                Value::Integer(0),
+                Value::Integer(1)
+            ]))
+            .unwrap(),
+            (EnterOutcome::Waiting { seq: 1, ahead: 0 }, true)
         );
-        assert_eq!(enter(arr(&["FULL".into()])).unwrap(), EnterOutcome::Full);
+        assert!(matches!(
+            enter(arr(&["WAITING".into(), "3".into(), Value::Integer(2)])),
+            Err(StoreError::Protocol(_))
+        ));
+        assert_eq!(
+            enter(arr(&["ADMITTED".into(), "1700|tok".into()])).unwrap(),
+            (
+                EnterOutcome::Admitted {
+                    token: "tok".into(),
+                    expires_at: 1700
+                },
+                false
+            )
+        );
+        assert_eq!(
+            enter(arr(&["FULL".into()])).unwrap(),
+            (EnterOutcome::Full, false)
+        );
         assert_eq!(
             poll(arr(&["NONE".into()])).unwrap(),
             PollReply::Outcome(PollOutcome::NotInQueue)

@@ -247,30 +247,37 @@ impl RedisStore {
         Ok(as_u64(&reply, "admit")? == 1)
     }
 
-    /// Adds the target to `queue:active` at most every `ACTIVE_REFRESH` per instance.
-    /// `fresh` (the target's first seq) registers at once: the target's keys were just created,
-    /// perhaps in a Redis that restarted empty and lost `queue:active` with them.
-    async fn register(&self, target: QueueTarget, fresh: bool) -> Result<(), StoreError> {
-        let due = {
-            let mut seen = self.registered.lock();
+    /// Whether this instance saw `target` admitted to `queue:active` within `ACTIVE_REFRESH`.
+    fn admitted_recently(&self, target: QueueTarget) -> bool {
+        self.registered
+            .lock()
+            .get(&target)
+            .is_some_and(|at| at.elapsed() < ACTIVE_REFRESH)
+    }
+
+    /// `admit.lua`, remembering a success for `ACTIVE_REFRESH`.
+    async fn admit_and_note(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        let admitted = self.admits_target(target).await?;
+        let mut seen = self.registered.lock();
+        if admitted {
             let now = Instant::now();
             if seen.len() > 2 * self.max_targets {
                 seen.retain(|_, at| now.duration_since(*at) < ACTIVE_REFRESH);
             }
-            match seen.get(&target) {
-                Some(at) if !fresh && now.duration_since(*at) < ACTIVE_REFRESH => false,
-                _ => {
-                    seen.insert(target, now);
-                    true
-                }
-            }
-        };
-        if due {
-            // Through the cap like any new queue: re-adding never lets the count pass it.
-            if let Err(e) = self.admits_target(target).await {
-                self.registered.lock().remove(&target);
-                return Err(e);
-            }
+            seen.insert(target, now);
+        } else {
+            seen.remove(&target);
+        }
+        Ok(admitted)
+    }
+
+    /// Re-adds a target with waiting users to `queue:active` at most every `ACTIVE_REFRESH` per
+    /// instance (the pump drops targets whose keys expired; a Redis that restarted empty lost
+    /// `queue:active` with them). Through the cap like any new queue: re-adding never lets the
+    /// count pass it.
+    async fn register(&self, target: QueueTarget) -> Result<(), StoreError> {
+        if !self.admitted_recently(target) {
+            self.admit_and_note(target).await?;
         }
         Ok(())
     }
@@ -326,7 +333,10 @@ impl QueueStore for RedisStore {
         now: Now,
         capacity: u64,
     ) -> Result<EnterOutcome, StoreError> {
-        if !self.admits_target(target).await? {
+        // The cap: a target this instance did not see admitted lately goes through admit.lua
+        // first; a known one skips that round trip.
+        let known = self.admitted_recently(target);
+        if !known && !self.admit_and_note(target).await? {
             return Ok(EnterOutcome::TooManyTargets);
         }
         let keys = TargetKeys::new(target).queue_keys(user, self.liveness.window(now.epoch_ms));
@@ -337,7 +347,18 @@ impl QueueStore for RedisStore {
             KEY_TTL_MS.to_string().into(),
             self.liveness.key_ttl_ms().to_string().into(),
         ];
-        replies::enter(self.eval(&self.scripts.enter, keys, argv).await?)
+        let (outcome, opened) = replies::enter(self.eval(&self.scripts.enter, keys, argv).await?)?;
+        if opened {
+            // This enter opened an empty waiting room, which the pump may have retired from
+            // queue:active at any moment before (an empty target is retired after two ticks,
+            // and it re-checks after retiring: see `retire_target`). Make sure it is listed;
+            // if the cap was filled meanwhile, the place is given back.
+            if !self.admit_and_note(target).await? {
+                self.leave(target, user).await?;
+                return Ok(EnterOutcome::TooManyTargets);
+            }
+        }
+        Ok(outcome)
     }
 
     async fn poll(
@@ -376,7 +397,7 @@ impl QueueStore for RedisStore {
         if let PollOutcome::Waiting { .. } = outcome {
             // Users wait here: keep the target on the pump's list (at most every 10 s per
             // instance; it may have been retired as empty just before they entered).
-            if let Err(e) = self.register(target, false).await {
+            if let Err(e) = self.register(target).await {
                 tracing::debug!(%target, error = %e, "re-registering an active target failed");
             }
         }
@@ -457,6 +478,17 @@ impl QueueStore for RedisStore {
             .await
             .map_err(store_err)?;
         self.registered.lock().remove(&target);
+        // queue:active and the target's keys are in different slots, so the emptiness check
+        // and the removal cannot be one script. Look again after removing: a user who entered
+        // before the SREM is seen here, and one who entered after it opened an empty room and
+        // re-admitted the target from `enter` itself.
+        let waiting = self
+            .command("ZCARD", vec![TargetKeys::new(target).of(Key::Waiting).into()])
+            .await
+            .map_err(store_err)?;
+        if as_u64(&waiting, "zcard")? > 0 && !self.admit_and_note(target).await? {
+            tracing::warn!(%target, "a target retired as empty has users again, and the cap is full");
+        }
         Ok(())
     }
 
