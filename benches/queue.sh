@@ -81,18 +81,24 @@ pair() { # path script -> "mem line|redis line|redis commands per call"
   echo "$(printf '%s\n' "${mem[@]}" | median)|$(printf '%s\n' "${red[@]}" | median)|$PER"
 }
 IFS='|' read -r ME RE E_CMDS <<<"$(pair /virtual-queues/limited-drop/42/entries benches/wrk/enter.lua)"
+IFS='|' read -r MN RN N_CMDS <<<"$(pair /virtual-queues/limited-drop/42/entries benches/wrk/enter_new.lua)"
 IFS='|' read -r MP RPL P_CMDS <<<"$(pair /virtual-queues/limited-drop/42/entries/me benches/wrk/poll.lua)"
 read -r me_rps me_p50 me_p99 _ _ <<<"$ME"; read -r re_rps re_p50 re_p99 re_bad _ <<<"$RE"
+read -r mn_rps mn_p50 mn_p99 _ _ <<<"$MN"; read -r rn_rps rn_p50 rn_p99 rn_bad _ <<<"$RN"
 read -r mp_rps mp_p50 mp_p99 _ _ <<<"$MP"; read -r rp_rps rp_p50 rp_p99 _ rp_total <<<"$RPL"
 
 # redis-benchmark on the same scripts, the same keys and arguments the gateway sends.
 K='queue:{LIMITED_DROP:42}:'
 ENTER_SHA=$(redis-cli -p "$RP" SCRIPT LOAD "$(cat lua/enter.lua)")
 POLL_SHA=$(redis-cli -p "$RP" SCRIPT LOAD "$(cat lua/poll.lua)")
-rb() { redis-benchmark -p "$RP" -c $CONNS -n "$1" -r 100000 -q "${@:2}" 2>/dev/null | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -1 | cut -d' ' -f1 | cut -d. -f1; }
+RANGE=100000
+rb() { redis-benchmark -p "$RP" -c $CONNS -n "$1" -r "$RANGE" -q "${@:2}" 2>/dev/null | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -1 | cut -d' ' -f1 | cut -d. -f1; }
 N=$(python3 -c "print(max(50000, int(max($re_rps, $rp_rps) * $DUR)))")
 # shellcheck disable=SC2086
 rb_enter=$(for _ in $(seq "$ROUNDS"); do rb "$N" EVALSHA "$ENTER_SHA" $(bash benches/script_args.sh enter "$K"); done | median)
+# First entries: a user range far larger than the calls made.
+# shellcheck disable=SC2086
+rb_new=$(for _ in $(seq "$ROUNDS"); do RANGE=1000000000 rb "$N" EVALSHA "$ENTER_SHA" $(bash benches/script_args.sh enter "${K}new:"); done | median)
 # shellcheck disable=SC2086
 rb_poll=$(for _ in $(seq "$ROUNDS"); do rb "$N" EVALSHA "$POLL_SHA" $(bash benches/script_args.sh poll "$K"); done | median)
 
@@ -103,8 +109,9 @@ interleaved runs; gateways: release build, $GW_THREADS proxy threads each; redis
 
 | workload | memory store req/s | Redis store req/s | Redis / memory | redis-benchmark (same script) req/s | Redis store / redis-benchmark | Redis commands per call (EVALSHA included) | Redis store p50 / p99 ms | memory p50 / p99 ms |
 |---|---|---|---|---|---|---|---|---|
-| enter | $me_rps | $re_rps | $(ratio "$re_rps" "$me_rps") | $rb_enter | $(ratio "$re_rps" "$rb_enter") | $E_CMDS | $re_p50 / $re_p99 | $me_p50 / $me_p99 |
+| enter, first entries | $mn_rps | $rn_rps | $(ratio "$rn_rps" "$mn_rps") | $rb_new | $(ratio "$rn_rps" "$rb_new") | $N_CMDS | $rn_p50 / $rn_p99 | $mn_p50 / $mn_p99 |
+| enter, random users 1..100000 (re-entries dominate) | $me_rps | $re_rps | $(ratio "$re_rps" "$me_rps") | $rb_enter | $(ratio "$re_rps" "$rb_enter") | $E_CMDS | $re_p50 / $re_p99 | $me_p50 / $me_p99 |
 | poll | $mp_rps | $rp_rps | $(ratio "$rp_rps" "$mp_rps") | $rb_poll | $(ratio "$rp_rps" "$rb_poll") | $P_CMDS | $rp_p50 / $rp_p99 | $mp_p50 / $mp_p99 |
 
-Non-2xx: enter $re_bad (should be 0); polls of users the enter runs never drew answer 404.
+Non-2xx: enter $re_bad, first entries $rn_bad (both should be 0); polls of users the enter runs never drew answer 404.
 TABLE
