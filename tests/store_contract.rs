@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::RedisServer;
+use common::{RedisCluster, RedisServer};
 use vq_gateway::clock::now;
 use vq_gateway::queue::{QueueTarget, TargetType};
 use vq_gateway::store::liveness::Liveness;
@@ -73,7 +73,43 @@ macro_rules! contract {
                 }
             )*
         }
+        mod cluster {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    let cluster = RedisCluster::start();
+                    let store = connected_cluster(&cluster).await;
+                    super::$scenario(store.as_ref()).await;
+                    assert_calls_stay_in_one_slot(&cluster);
+                }
+            )*
+        }
     };
+}
+
+/// A Redis Cluster refuses a script whose keys span slots (CROSSSLOT); check it independently:
+/// every script call any node ran (its slow log) has all its keys in one slot, the slot of a
+/// key the node serves.
+fn assert_calls_stay_in_one_slot(cluster: &RedisCluster) {
+    let calls = cluster.script_calls();
+    assert!(calls.len() > 3, "script calls seen: {}", calls.len());
+    for (node, keys) in calls {
+        let slots: std::collections::BTreeSet<i64> =
+            keys.iter().map(|k| cluster.keyslot(k)).collect();
+        assert_eq!(slots.len(), 1, "a call across slots: {keys:?}");
+        let slot = *slots.iter().next().unwrap();
+        assert_eq!(cluster.owner(slot), node, "{keys:?} ran on node {node}");
+    }
+}
+
+async fn connected_cluster(cluster: &RedisCluster) -> Arc<RedisStore> {
+    let store = Arc::new(RedisStore::new(&cluster.url(), Duration::from_millis(1000)).unwrap());
+    assert!(
+        store.connect(Duration::from_secs(5)).await,
+        "could not connect to the cluster"
+    );
+    store
 }
 
 contract!(

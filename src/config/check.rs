@@ -76,11 +76,8 @@ pub(super) fn store(st: &StoreSection) -> Result<StoreConfig, ConfigError> {
     let backend = match st.backend {
         StoreKind::Memory => StoreBackend::Memory,
         StoreKind::Redis => {
-            if !(st.redis_url.starts_with("redis://") || st.redis_url.starts_with("rediss://")) {
-                return Err(invalid(
-                    "store.redis_url",
-                    "must start with redis:// or rediss://",
-                ));
+            if let Err(why) = crate::store::RedisUrl::parse(&st.redis_url) {
+                return Err(invalid("store.redis_url", why));
             }
             StoreBackend::Redis {
                 url: st.redis_url.clone(),

@@ -198,7 +198,10 @@ impl Config {
         let (s, q, t) = (&self.server, &self.queue, &self.token);
         let store = match &self.store.backend {
             StoreBackend::Memory => "memory (single instance only)".to_string(),
-            StoreBackend::Redis { url } => format!("redis {}", redact_url(url)),
+            StoreBackend::Redis { url } => match crate::store::RedisUrl::parse(url) {
+                Ok(u) => format!("redis {}", u.describe()),
+                Err(_) => format!("redis {}", redact_url(url)),
+            },
         };
         let routes: Vec<String> = self
             .gate
@@ -234,12 +237,24 @@ impl Config {
     }
 }
 
-/// Hides a password in a Redis URL (`redis://:pw@host` → `redis://***@host`).
+/// Hides the passwords in a Redis URL (`redis://:pw@host` → `redis://***@host`; a
+/// `sentinelPassword` query value → `***`).
 pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let mut out = match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
         _ => url.to_string(),
+    };
+    if let Some(q) = out.find('?') {
+        let query: Vec<String> = out[q + 1..]
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, _)) if k.eq_ignore_ascii_case("sentinelPassword") => format!("{k}=***"),
+                _ => pair.to_string(),
+            })
+            .collect();
+        out = format!("{}?{}", &out[..q], query.join("&"));
     }
+    out
 }
 
 #[cfg(test)]
@@ -334,6 +349,10 @@ mod tests {
     fn redis_password_is_redacted() {
         assert_eq!(redact_url("redis://:pw@h:1"), "redis://***@h:1");
         assert_eq!(redact_url("redis://h:1"), "redis://h:1");
+        assert_eq!(
+            redact_url("redis-sentinel://:pw@h:1?sentinelServiceName=m&sentinelPassword=x"),
+            "redis-sentinel://***@h:1?sentinelServiceName=m&sentinelPassword=***"
+        );
     }
 
     #[test]

@@ -20,6 +20,7 @@ use crate::queue::{QueueStats, QueueTarget};
 
 pub use guard::{GuardConfig, StoreGuard};
 pub use memory::MemoryStore;
+pub use redis::url::{Deployment, RedisUrl};
 pub use redis::RedisStore;
 
 /// How long the per-target keys live after their last write (SPEC §4: idle targets vanish).

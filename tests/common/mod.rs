@@ -11,6 +11,7 @@
 
 #![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod deploy;
 pub mod http;
 pub mod load;
 pub mod raw;
@@ -23,6 +24,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub use self::deploy::{RedisCluster, SentinelSet};
 pub use self::http::{Client, Http, Response};
 pub use self::raw::RawConn;
 pub use self::redis::{RedisServer, Resp};

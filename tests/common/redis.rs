@@ -160,18 +160,26 @@ pub struct RedisServer {
     /// A connection for `cmd`, opened on first use and dropped with the process.
     conn: Mutex<Option<RedisConn>>,
     pub port: u16,
-    dir: TempDir,
+    pub dir: TempDir,
     persistent: bool,
+    /// More `redis-server` arguments (cluster mode, `replicaof`).
+    extra: Vec<String>,
 }
 
 impl RedisServer {
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// With more `redis-server` arguments (`--cluster-enabled yes`, `--replicaof ...`).
+    pub fn start_with(extra: &[&str]) -> RedisServer {
         let mut r = RedisServer {
             child: None,
             conn: Mutex::new(None),
             port: free_port(),
             dir: TempDir::new("redis"),
             persistent: false,
+            extra: extra.iter().map(|a| a.to_string()).collect(),
         };
         r.spawn();
         r
@@ -186,6 +194,7 @@ impl RedisServer {
             port: free_port(),
             dir: TempDir::new("redis"),
             persistent: true,
+            extra: Vec::new(),
         };
         r.spawn();
         r
@@ -207,6 +216,7 @@ impl RedisServer {
                 "--dir",
             ])
             .arg(&self.dir.0)
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -243,6 +253,11 @@ impl RedisServer {
                 panic!("redis {args:?}: {e}");
             }
         }
+    }
+
+    /// The process id (while it runs).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
     }
 
     pub fn kill(&mut self) {

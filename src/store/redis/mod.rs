@@ -24,8 +24,10 @@ use fred::types::{ClusterHash, CustomCommand};
 
 mod pipe;
 mod settings;
+pub mod url;
 
 use pipe::{PipeError, Pipes};
+use url::{Deployment, RedisUrl};
 
 use super::liveness::Liveness;
 use super::replies::{self, as_u64, reply_array, PollReply};
@@ -39,6 +41,9 @@ use crate::queue::{millis, QueueStats, QueueTarget};
 /// How often one instance re-adds a target it serves to `queue:active` (the pump drops targets
 /// whose keys expired, so a live target must be re-registered now and then).
 const ACTIVE_REFRESH: Duration = Duration::from_secs(10);
+
+/// Write attempts per call in a cluster: the first try and up to two MOVED/ASK redirections.
+const CLUSTER_ATTEMPTS: u32 = 3;
 
 /// The key the health probe writes (`SET NX PX 1000`).
 const PROBE_KEY: &str = "queue:probe";
@@ -57,6 +62,7 @@ pub struct RedisStore {
     /// Script calls pipelined on a connection per thread (plain single-server URLs).
     pipes: Option<Pipes>,
     command_timeout: Duration,
+    deployment: Deployment,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -68,17 +74,30 @@ impl std::fmt::Debug for RedisStore {
 impl RedisStore {
     /// Builds the client without connecting; see `connect`.
     pub fn new(url: &str, command_timeout: Duration) -> Result<RedisStore, StoreError> {
-        let mut config = Config::from_url(url)
-            .map_err(|e| StoreError::Protocol(format!("bad redis url: {}", e.details())))?;
+        let parsed = RedisUrl::parse(url)
+            .map_err(|e| StoreError::Protocol(format!("bad redis url: {e}")))?;
+        let deployment = parsed.deployment;
+        let mut config = parsed.config;
         // Keep trying when Redis is not there at start (the gateway fails open meanwhile).
         config.fail_fast = false;
-        let pipes = Pipes::for_config(&config);
+        // A single primary: script calls pipelined on a connection per thread. Sentinel and
+        // Cluster go through fred, which follows a failover and the slot map.
+        let pipes = match deployment {
+            Deployment::Single => Pipes::for_config(&config),
+            Deployment::Sentinel { .. } | Deployment::Cluster => None,
+        };
+        // In a cluster every MOVED/ASK redirection costs fred one write attempt: allow a few,
+        // so a slot migration is followed instead of failing the call.
+        let attempts = match deployment {
+            Deployment::Cluster => CLUSTER_ATTEMPTS,
+            Deployment::Single | Deployment::Sentinel { .. } => 1,
+        };
         let client = Builder::from_config(config)
             .with_performance_config(|p| p.default_command_timeout = command_timeout)
             .with_connection_config(|c| {
                 c.connection_timeout = Duration::from_millis(500);
                 c.internal_command_timeout = Duration::from_millis(500);
-                c.max_command_attempts = 1;
+                c.max_command_attempts = attempts;
             })
             // Reconnect forever, every 100 ms, so the store comes back by itself and soon.
             .set_policy(ReconnectPolicy::new_constant(0, 100))
@@ -87,7 +106,7 @@ impl RedisStore {
         let options = Options {
             timeout: Some(command_timeout),
             fail_fast: true,
-            max_attempts: Some(1),
+            max_attempts: Some(attempts),
             ..Default::default()
         };
         Ok(RedisStore {
@@ -100,7 +119,13 @@ impl RedisStore {
             liveness: Liveness::default(),
             pipes,
             command_timeout,
+            deployment,
         })
+    }
+
+    /// The kind of deployment `store.redis_url` names.
+    pub fn deployment(&self) -> &Deployment {
+        &self.deployment
     }
 
     /// Starts the connection task and waits up to `wait` for a first connection, then loads the
@@ -131,9 +156,19 @@ impl RedisStore {
 
     async fn load_scripts(&self) {
         for script in self.scripts.all() {
-            let loaded = self
-                .command("SCRIPT", vec!["LOAD".into(), script.source.into()])
-                .await;
+            let loaded = match self.deployment {
+                // On every primary; a node that lost them later answers NOSCRIPT and the call
+                // falls back to EVAL on that node (see `eval`).
+                Deployment::Cluster => self
+                    .client
+                    .script_load_cluster::<Value, _>(script.source)
+                    .await
+                    .map(drop),
+                Deployment::Single | Deployment::Sentinel { .. } => self
+                    .command("SCRIPT", vec!["LOAD".into(), script.source.into()])
+                    .await
+                    .map(drop),
+            };
             if let Err(e) = loaded {
                 tracing::warn!(script = script.name, error = %e.details(), "loading a script failed; it loads on first use");
             }
@@ -164,15 +199,28 @@ impl RedisStore {
         args.push(Value::Integer(keys.len() as i64));
         args.extend(keys.into_iter().map(Value::from));
         args.extend(argv);
-        match self.command("EVALSHA", args.clone()).await {
+        // Routed by the first key (argument 2), not by the SHA: in a cluster the call goes to
+        // the node that owns the target's slot.
+        match self.routed("EVALSHA", args.clone()).await {
             Err(e) if e.details().starts_with("NOSCRIPT") => {
-                self.command("SCRIPT", vec!["LOAD".into(), script.source.into()])
-                    .await
-                    .map_err(store_err)?;
-                self.command("EVALSHA", args).await.map_err(store_err)
+                // A restarted or flushed node: EVAL runs the script on that very node and caches
+                // it there (a SCRIPT LOAD could reach another node of a cluster).
+                args[0] = script.source.into();
+                self.routed("EVAL", args).await.map_err(store_err)
             }
             other => other.map_err(store_err),
         }
+    }
+
+    /// A script call routed by its first key.
+    async fn routed(&self, name: &'static str, args: Vec<Value>) -> Result<Value, Error> {
+        self.client
+            .with_options(&self.options)
+            .custom(
+                CustomCommand::new_static(name, ClusterHash::Offset(2), false),
+                args,
+            )
+            .await
     }
 
     /// `eval` on this thread's pipelined connection, within the command timeout.

@@ -1,0 +1,269 @@
+//! Real Redis deployments for tests, on free ports: a 3-master Redis Cluster, and a primary with a
+//! replica under three Sentinels.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::redis::{RedisServer, Resp};
+use super::{free_port, wait_until, TempDir};
+
+/// Three `redis-server --cluster-enabled yes` masters joined by `redis-cli --cluster create`.
+/// `cluster-require-full-coverage no`: while one master is down, the other two keep serving
+/// their slots.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+const CLUSTER_ARGS: [&str; 12] = [
+    // Every command goes to the slow log with its arguments: tests read it back to check that
+    // each script call's keys share one slot.
+    "--slowlog-log-slower-than",
+    "0",
+    "--slowlog-max-len",
+    "1000000",
+    "--cluster-enabled",
+    "yes",
+    "--cluster-config-file",
+    "nodes.conf",
+    "--cluster-node-timeout",
+    "1000",
+    "--cluster-require-full-coverage",
+    "no",
+];
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::start_with(&CLUSTER_ARGS))
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli must be installed (apt-get install redis-tools)");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// Until every running node reports `cluster_state:ok` and knows all three masters.
+    pub fn wait_ok(&self) {
+        assert!(
+            wait_until(Duration::from_secs(20), || self.nodes.iter().all(|n| {
+                n.pid().is_none() || {
+                    let info = n.cmd(&["CLUSTER", "INFO"]).as_str().unwrap_or_default();
+                    info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
+                }
+            })),
+            "the cluster did not reach cluster_state:ok"
+        );
+    }
+
+    pub fn url(&self) -> String {
+        let mut url = format!("redis-cluster://127.0.0.1:{}", self.nodes[0].port);
+        for (i, n) in self.nodes.iter().enumerate().skip(1) {
+            url.push(if i == 1 { '?' } else { '&' });
+            url.push_str(&format!("node=127.0.0.1:{}", n.port));
+        }
+        url
+    }
+
+    /// The hash slot of `key` (asked of a node: the server's own CRC16).
+    pub fn keyslot(&self, key: &str) -> i64 {
+        self.any_node().cmd(&["CLUSTER", "KEYSLOT", key]).as_int()
+    }
+
+    /// Which node (index) serves `slot`.
+    pub fn owner(&self, slot: i64) -> usize {
+        let slots = self.any_node().cmd(&["CLUSTER", "SLOTS"]).as_vec();
+        for range in slots {
+            let r = range.as_vec();
+            let (lo, hi) = (r[0].as_int(), r[1].as_int());
+            if (lo..=hi).contains(&slot) {
+                let port = r[2].as_vec()[1].as_int();
+                return self
+                    .nodes
+                    .iter()
+                    .position(|n| i64::from(n.port) == port)
+                    .expect("a node of ours");
+            }
+        }
+        panic!("slot {slot} is not served");
+    }
+
+    /// The node id of node `i`.
+    pub fn node_id(&self, i: usize) -> String {
+        self.nodes[i]
+            .cmd(&["CLUSTER", "MYID"])
+            .as_str()
+            .expect("an id")
+    }
+
+    /// The lowest slot node `i` serves.
+    pub fn first_slot(&self, i: usize) -> i64 {
+        let port = i64::from(self.nodes[i].port);
+        let slots = self.any_node().cmd(&["CLUSTER", "SLOTS"]).as_vec();
+        slots
+            .iter()
+            .map(|range| range.as_vec())
+            .filter(|r| r[2].as_vec()[1].as_int() == port)
+            .map(|r| r[0].as_int())
+            .min()
+            .expect("node serves slots")
+    }
+
+    /// Every script call (`EVALSHA`/`EVAL`) the nodes ran, from their slow logs: (node, keys).
+    pub fn script_calls(&self) -> Vec<(usize, Vec<String>)> {
+        let mut calls = Vec::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.pid().is_none() {
+                continue;
+            }
+            for entry in n.cmd(&["SLOWLOG", "GET", "-1"]).as_vec() {
+                let args: Vec<String> = entry.as_vec()[3]
+                    .as_vec()
+                    .iter()
+                    .map(|a| a.as_str().unwrap_or_default())
+                    .collect();
+                let name = args.first().map(|a| a.to_ascii_uppercase());
+                if !matches!(name.as_deref(), Some("EVALSHA" | "EVAL")) {
+                    continue;
+                }
+                let nkeys: usize = args[2].parse().expect("numkeys");
+                // The slow log keeps 32 arguments at most; the last one then says how many more.
+                let keys: Vec<String> = args
+                    .iter()
+                    .skip(3)
+                    .take(nkeys)
+                    .filter(|k| !k.starts_with("... ("))
+                    .cloned()
+                    .collect();
+                calls.push((i, keys));
+            }
+        }
+        calls
+    }
+
+    fn any_node(&self) -> &RedisServer {
+        self.nodes
+            .iter()
+            .find(|n| n.pid().is_some())
+            .expect("a running node")
+    }
+}
+
+/// A primary, a replica of it, and three Sentinels watching it as `vq` (quorum 2, a primary is
+/// down after 500 ms without answers).
+pub struct SentinelSet {
+    pub primary: RedisServer,
+    pub replica: RedisServer,
+    pub sentinels: Vec<Sentinel>,
+}
+
+pub struct Sentinel {
+    child: Child,
+    pub port: u16,
+    _dir: TempDir,
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub const SENTINEL_SERVICE: &str = "vq";
+
+impl SentinelSet {
+    pub fn start() -> SentinelSet {
+        let primary = RedisServer::start();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+        let sentinels = (0..3)
+            .map(|_| {
+                let port = free_port();
+                let dir = TempDir::new("sentinel");
+                let conf = dir.0.join("sentinel.conf");
+                std::fs::write(
+                    &conf,
+                    format!(
+                        "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {} 2\nsentinel down-after-milliseconds {SENTINEL_SERVICE} 500\nsentinel failover-timeout {SENTINEL_SERVICE} 2000\nsentinel parallel-syncs {SENTINEL_SERVICE} 1\n",
+                        dir.0.display(),
+                        primary.port
+                    ),
+                )
+                .unwrap();
+                let child = Command::new("redis-server")
+                    .arg(&conf)
+                    .arg("--sentinel")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("redis-server must be installed");
+                Sentinel {
+                    child,
+                    port,
+                    _dir: dir,
+                }
+            })
+            .collect();
+        let set = SentinelSet {
+            primary,
+            replica,
+            sentinels,
+        };
+        // Ready when the replica is in sync and every sentinel knows the other two and the replica.
+        assert!(
+            wait_until(Duration::from_secs(20), || {
+                let synced = set.replica.cmd(&["INFO", "replication"]).as_str().is_some_and(
+                    |i| i.contains("master_link_status:up"),
+                );
+                synced
+                    && set.sentinels.iter().all(|s| {
+                        let Ok(conn) = super::redis::RedisConn::connect(s.port) else {
+                            return false;
+                        };
+                        let info = conn.cmd(&["INFO", "sentinel"]).ok();
+                        info.and_then(|i| i.as_str())
+                            .is_some_and(|i| i.contains("slaves=1") && i.contains("sentinels=3"))
+                    })
+            }),
+            "the sentinels did not settle"
+        );
+        set
+    }
+
+    pub fn url(&self) -> String {
+        let mut url = format!(
+            "redis-sentinel://127.0.0.1:{}?sentinelServiceName={SENTINEL_SERVICE}",
+            self.sentinels[0].port
+        );
+        for s in &self.sentinels[1..] {
+            url.push_str(&format!("&node=127.0.0.1:{}", s.port));
+        }
+        url
+    }
+
+    /// The primary's port as the sentinels name it now.
+    pub fn primary_port(&self) -> Option<u16> {
+        let conn = super::redis::RedisConn::connect(self.sentinels[0].port).ok()?;
+        let reply = conn
+            .cmd(&["SENTINEL", "get-master-addr-by-name", SENTINEL_SERVICE])
+            .ok()?;
+        match reply {
+            Resp::Array(v) if v.len() == 2 => v[1].as_str()?.parse().ok(),
+            _ => None,
+        }
+    }
+}
