@@ -16,20 +16,15 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::load::{epoch_ms, max_per_window, Event, Load, LoadConfig, Op, PURCHASE};
+use common::load::{
+    self, degraded_between, epoch_ms, max_per_window, purchase_path, recovery_ms, Budget, Event,
+    Load, LoadConfig, Op,
+};
 use common::*;
 
 const TICK_MS: u64 = 500;
 const BATCH: u64 = 5;
 const REPLICAS: u64 = 2;
-
-/// One fault test at a time: each runs two gateways and a load generator that keep two cores
-/// busy; running them side by side would measure the machine, not the recovery.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 struct Sale {
     redis: RedisServer,
@@ -77,7 +72,7 @@ impl Sale {
         self.up
             .requests()
             .iter()
-            .filter(|r| r.target == PURCHASE)
+            .filter(|r| r.target == purchase_path(42))
             .map(|r| r.at_ms)
             .collect()
     }
@@ -88,69 +83,20 @@ fn run_for(ms: u64) {
     std::thread::sleep(Duration::from_millis(ms));
 }
 
-/// The time from `back_ms` (Redis answers again) to the end of the last degraded answer to a
-/// request sent after it (and answered before `until_ms`, when the next fault began).
-fn recovery_ms(events: &[Event], back_ms: u64, until_ms: u64) -> u64 {
-    events
-        .iter()
-        .filter(|e| e.start_ms >= back_ms && e.end_ms < until_ms && e.degraded)
-        .map(|e| e.end_ms.saturating_sub(back_ms))
-        .max()
-        .unwrap_or(0)
-}
-
-/// How many ticks, at most, the load generator bought after an admission: the largest time from
-/// a buyer's last `WAITING` answer to its purchase, in ticks, rounded up. A load generator
-/// starved of CPU learns of admissions late, and users admitted over several ticks then buy
-/// together; the bound on purchases per window widens by exactly that lag.
+/// How many ticks, at most, the load generator bought after an admission (see
+/// `load::purchase_lag_ticks`).
 fn purchase_lag_ticks(events: &[Event]) -> u64 {
-    events
-        .iter()
-        .filter(|e| e.op == Op::Purchase)
-        .filter_map(|e| e.waiting_ms.map(|w| e.start_ms.saturating_sub(w)))
-        .max()
-        .unwrap_or(0)
-        .div_ceil(TICK_MS)
+    load::purchase_lag_ticks(events, TICK_MS)
 }
 
-fn degraded_between(events: &[Event], from_ms: u64, to_ms: u64) -> usize {
-    events
-        .iter()
-        .filter(|e| e.degraded && e.start_ms >= from_ms && e.start_ms < to_ms)
-        .count()
-}
-
-/// The invariants every fault must keep. `lag_ticks`: how many ticks late the load generator's
-/// users may fetch their tokens (0 when it keeps pace; the bound grows by a batch per tick of
-/// lag, since users admitted in earlier ticks then buy together).
+/// The invariants every fault must keep (see `load::assert_kept`).
 fn assert_kept(sale: &Sale, events: &[Event], what: &str, lag_ticks: u64) {
-    let total = events.len();
-    let by_status = |s: u16| events.iter().filter(|e| e.status == s).count();
-    let five_xx = events.iter().filter(|e| e.status >= 500).count();
-    assert_eq!(five_xx, 0, "{what}: 5xx answers among {total}");
-    assert_eq!(by_status(0), 0, "{what}: failed connections");
-    let lost = events.iter().filter(|e| e.lost).count();
-    assert_eq!(lost, 0, "{what}: users who held a position were lost");
-    let refused = events
-        .iter()
-        .filter(|e| e.op == Op::Purchase && e.status != 200)
-        .count();
-    assert_eq!(refused, 0, "{what}: purchases with a valid token refused");
-    let purchases = sale.purchases_ms();
-    let windows = max_per_window(&purchases, TICK_MS, 20);
-    for (i, max) in windows.iter().enumerate() {
-        let n = i as u64 + 1;
-        let bound = (n + 2 + lag_ticks) * (BATCH + REPLICAS - 1);
-        assert!(
-            *max as u64 <= bound,
-            "{what}: {max} purchases in {n} ticks, bound {bound}; per window {windows:?}"
-        );
-    }
-    eprintln!(
-        "{what}: {total} answers, {} purchases at the backend, max per 1/2/4/20 ticks {:?} (budget {BATCH} per tick)",
-        purchases.len(),
-        [windows[0], windows[1], windows[3], windows[19]],
-    );
+    let budget = Budget {
+        tick_ms: TICK_MS,
+        batch: BATCH,
+        replicas: REPLICAS,
+    };
+    load::assert_kept(events, &sale.purchases_ms(), budget, what, lag_ticks);
 }
 
 #[test]

@@ -349,6 +349,50 @@ fn check_config_names_the_bad_key() {
 }
 
 #[test]
+fn check_config_prints_the_redis_deployment_without_secrets() {
+    let ok = [
+        (
+            "redis://app:pw1@10.0.0.5:6380/2",
+            "redis single 10.0.0.5:6380 db 2 user app password ***",
+        ),
+        (
+            "redis-sentinel://:pw2@10.0.0.1:26379?sentinelServiceName=sale&node=10.0.0.2:26379&sentinelPassword=pw3",
+            "redis sentinel (service sale) 10.0.0.1:26379, 10.0.0.2:26379 password *** sentinel password ***",
+        ),
+        (
+            "redis-cluster://10.0.0.1:7000?node=10.0.0.2:7000",
+            "redis cluster (seed nodes; the rest discovered) 10.0.0.1:7000, 10.0.0.2:7000",
+        ),
+    ];
+    for (url, shown) in ok {
+        let (code, out) = check_config(&format!(
+            "[store]\nbackend = \"redis\"\nredis_url = \"{url}\"\n"
+        ));
+        assert_eq!(code, Some(0), "{url}: {out}");
+        assert!(out.contains(shown), "{url}: {out}");
+        for secret in ["pw1", "pw2", "pw3"] {
+            assert!(!out.contains(secret), "{url}: {out}");
+        }
+    }
+    let bad = [
+        ("rediss://10.0.0.5:6380", "TLS"),
+        ("redis-sentinel://10.0.0.1:26379", "service name"),
+        ("redis-cluster://10.0.0.1:7000/1", "database 0 only"),
+        ("mongodb://10.0.0.1", "must start with"),
+    ];
+    for (url, why) in bad {
+        let (code, out) = check_config(&format!(
+            "[store]\nbackend = \"redis\"\nredis_url = \"{url}\"\n"
+        ));
+        assert_eq!(code, Some(64), "{url}: {out}");
+        assert!(
+            out.contains("store.redis_url") && out.contains(why),
+            "{url}: {out}"
+        );
+    }
+}
+
+#[test]
 fn shipped_configs_pass_check_config() {
     for file in [
         "conf/gateway.toml",

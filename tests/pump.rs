@@ -68,18 +68,11 @@ fn poll_status(c: &mut Client, user: u64) -> (u16, String) {
 
 /// (redis ms, mark) of every recorded advance, oldest first.
 fn advances(redis: &RedisServer) -> Vec<(u64, u64)> {
-    let mut v: Vec<(u64, u64)> = redis
-        .cmd(&["LRANGE", &format!("{P}advances"), "0", "-1"])
-        .as_vec()
-        .iter()
-        .map(|r| {
-            let s = r.as_str().unwrap();
-            let (t, m) = s.split_once(':').unwrap();
-            (t.parse().unwrap(), m.parse().unwrap())
-        })
-        .collect();
-    v.reverse();
-    v
+    parse_advances(
+        &redis
+            .cmd(&["LRANGE", &format!("{P}advances"), "0", "-1"])
+            .as_vec(),
+    )
 }
 
 /// Checks SPEC §5's bound on every window starting at an advance, where all users are live.

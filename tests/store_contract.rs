@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{RedisCluster, RedisServer};
+use common::{RedisCluster, RedisServer, Resp};
 use vq_gateway::clock::now;
 use vq_gateway::queue::{QueueTarget, TargetType};
 use vq_gateway::store::liveness::Liveness;
@@ -475,6 +475,90 @@ async fn both_stores_cap_the_number_of_targets() {
     target_cap(connect(store.with_max_targets(3), &redis).await).await;
 }
 
+/// A slot migrated by hand, step by step, as `redis-cli --cluster reshard` does it, with calls in
+/// each state: a single-key call whose key is already gone from the source is sent on with
+/// `ASK` (and `ASKING` on the importing node), a multi-key call during the move gets `TRYAGAIN`
+/// and is retried, and once the slot is assigned the `MOVED` reply sends calls to the new owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_calls_follow_a_slot_migration_step_by_step() {
+    let cluster = RedisCluster::start();
+    let s = connected_cluster(&cluster).await;
+    let t = target(7);
+    for u in 1..=5 {
+        enter(s.as_ref(), t, u).await;
+    }
+    let slot = cluster.keyslot("{LIMITED_DROP:7}");
+    let src = cluster.owner(slot);
+    let dst = (src + 1) % 3;
+    let (src_id, dst_id) = (cluster.node_id(src), cluster.node_id(dst));
+    let slot_s = slot.to_string();
+    let ok = Resp::Str("OK".into());
+    assert_eq!(
+        cluster.nodes[dst].cmd(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &src_id]),
+        ok
+    );
+    assert_eq!(
+        cluster.nodes[src].cmd(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &dst_id]),
+        ok
+    );
+    // The pump lock does not exist anywhere: the source answers ASK, the importing node takes it.
+    assert!(s
+        .try_lock(t, "owner-a", Duration::from_secs(5))
+        .await
+        .unwrap());
+    assert_eq!(cluster.nodes[dst].cmd(&["ASKING"]), ok);
+    assert_eq!(
+        cluster.nodes[dst]
+            .cmd(&["GET", "queue:{LIMITED_DROP:7}:lock"])
+            .as_str()
+            .as_deref(),
+        Some("owner-a"),
+        "the lock was written on the importing node"
+    );
+    // Move every key, then poll: the poll's keys are split between "moved" and "absent", which
+    // both nodes answer with TRYAGAIN until the slot is assigned.
+    let keys: Vec<String> = cluster.nodes[src]
+        .cmd(&["CLUSTER", "GETKEYSINSLOT", &slot_s, "1000"])
+        .as_vec()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert!(keys.len() >= 5, "{keys:?}");
+    let dst_port = cluster.nodes[dst].port.to_string();
+    let mut migrate = vec!["MIGRATE", "127.0.0.1", &dst_port, "", "0", "5000", "KEYS"];
+    migrate.extend(keys.iter().map(String::as_str));
+    assert_eq!(cluster.nodes[src].cmd(&migrate), ok);
+    let poller = {
+        let s = s.clone();
+        tokio::spawn(async move { poll(s.as_ref(), t, 3, "tok-3").await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!poller.is_finished(), "the poll waits out the migration");
+    for node in &cluster.nodes {
+        assert_eq!(
+            node.cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &dst_id]),
+            ok
+        );
+    }
+    assert_eq!(
+        poller.await.unwrap(),
+        PollOutcome::Waiting { seq: 3, ahead: 2 },
+        "answered by the new owner"
+    );
+    assert_eq!(cluster.owner(slot), dst);
+    assert_eq!(
+        enter(s.as_ref(), t, 6).await,
+        (6, 5),
+        "the sequence moved with the slot"
+    );
+    assert!(
+        !s.try_lock(t, "owner-b", Duration::from_secs(5))
+            .await
+            .unwrap(),
+        "the lock moved with the slot"
+    );
+}
+
 /// `queue:active` and a target's keys live in different slots, so retiring an empty target and a
 /// user entering it race. Two replicas: A remembers T as admitted (and skips `admit.lua`), B's
 /// pump retires it. Whatever the order, a target with waiting users ends up listed, and the cap
@@ -512,7 +596,11 @@ async fn a_retired_target_is_listed_again_when_users_return() {
 
     // Retired while a user waits (the pump's emptiness check was stale): listed again at once.
     b.retire_target(t1).await.unwrap();
-    assert_eq!(active(), vec!["LIMITED_DROP:1"], "a target with users stays");
+    assert_eq!(
+        active(),
+        vec!["LIMITED_DROP:1"],
+        "a target with users stays"
+    );
 
     // Retired empty; A still remembers it and skips admit.lua, but its enter opens the empty
     // room and lists it again.
@@ -520,7 +608,11 @@ async fn a_retired_target_is_listed_again_when_users_return() {
     b.retire_target(t1).await.unwrap();
     assert!(active().is_empty());
     assert_eq!(enter(a.as_ref(), t1, 2).await, (2, 0));
-    assert_eq!(active(), vec!["LIMITED_DROP:1"], "re-listed by the opening enter");
+    assert_eq!(
+        active(),
+        vec!["LIMITED_DROP:1"],
+        "re-listed by the opening enter"
+    );
 
     // Retired empty again and its slot taken by another target: A's enter is refused by the cap
     // and leaves no user behind.

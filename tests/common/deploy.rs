@@ -33,9 +33,17 @@ const CLUSTER_ARGS: [&str; 12] = [
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::start_with(&CLUSTER_ARGS))
-            .collect();
+        RedisCluster::start_with(&[])
+    }
+
+    /// With an append-only file on every node: a restarted master comes back with its keys.
+    pub fn start_persistent() -> RedisCluster {
+        RedisCluster::start_with(&["--appendonly", "yes", "--appendfsync", "everysec"])
+    }
+
+    fn start_with(more: &[&str]) -> RedisCluster {
+        let args: Vec<&str> = CLUSTER_ARGS.iter().chain(more).copied().collect();
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(&args)).collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
@@ -189,7 +197,8 @@ pub const SENTINEL_SERVICE: &str = "vq";
 impl SentinelSet {
     pub fn start() -> SentinelSet {
         let primary = RedisServer::start();
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+        let replica =
+            RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
         let sentinels = (0..3)
             .map(|_| {
                 let port = free_port();
@@ -226,9 +235,11 @@ impl SentinelSet {
         // Ready when the replica is in sync and every sentinel knows the other two and the replica.
         assert!(
             wait_until(Duration::from_secs(20), || {
-                let synced = set.replica.cmd(&["INFO", "replication"]).as_str().is_some_and(
-                    |i| i.contains("master_link_status:up"),
-                );
+                let synced = set
+                    .replica
+                    .cmd(&["INFO", "replication"])
+                    .as_str()
+                    .is_some_and(|i| i.contains("master_link_status:up"));
                 synced
                     && set.sentinels.iter().all(|s| {
                         let Ok(conn) = super::redis::RedisConn::connect(s.port) else {

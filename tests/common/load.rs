@@ -31,6 +31,10 @@ pub struct LoadConfig {
     pub drive_by_every: u64,
     /// Spreads user ids between runs that share a Redis.
     pub user_base: u64,
+    /// The sale's limited-drop id (its queue and its purchase route).
+    pub sale: u64,
+    /// The limited-drop id of the drive-by enters.
+    pub drive_by: u64,
 }
 
 impl LoadConfig {
@@ -41,13 +45,21 @@ impl LoadConfig {
             active_per_thread: 20,
             drive_by_every: 4,
             user_base: 1_000_000,
+            sale: 42,
+            drive_by: 43,
         }
     }
 }
 
-pub const SALE: &str = "/virtual-queues/limited-drop/42";
-pub const DRIVE_BY: &str = "/virtual-queues/limited-drop/43";
-pub const PURCHASE: &str = "/limited-drops/42/orders";
+/// The queue API of limited drop `id`.
+pub fn queue_path(id: u64) -> String {
+    format!("/virtual-queues/limited-drop/{id}")
+}
+
+/// The gated purchase route of limited drop `id`.
+pub fn purchase_path(id: u64) -> String {
+    format!("/limited-drops/{id}/orders")
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
@@ -118,6 +130,8 @@ fn worker(cfg: &LoadConfig, thread: u64, stop: &AtomicBool) -> Vec<Event> {
     let mut events = Vec::new();
     let mut users: VecDeque<User> = VecDeque::new();
     let mut next_id = cfg.user_base + thread * 10_000_000;
+    let (sale, drive_by) = (queue_path(cfg.sale), queue_path(cfg.drive_by));
+    let purchase = purchase_path(cfg.sale);
     let mut i: u64 = thread;
     while !stop.load(Ordering::Relaxed) {
         i += 1;
@@ -128,7 +142,7 @@ fn worker(cfg: &LoadConfig, thread: u64, stop: &AtomicBool) -> Vec<Event> {
             let start_ms = epoch_ms();
             let r = clients[g].request(
                 "POST",
-                &format!("{DRIVE_BY}/entries"),
+                &format!("{drive_by}/entries"),
                 &[("X-User-Id", &id)],
                 b"",
             );
@@ -157,7 +171,7 @@ fn worker(cfg: &LoadConfig, thread: u64, stop: &AtomicBool) -> Vec<Event> {
         let (op, r) = if let Some(token) = &user.token {
             let r = clients[g].request(
                 "POST",
-                PURCHASE,
+                &purchase,
                 &[("X-User-Id", &id), ("X-Entry-Token", token)],
                 b"{}",
             );
@@ -165,7 +179,7 @@ fn worker(cfg: &LoadConfig, thread: u64, stop: &AtomicBool) -> Vec<Event> {
         } else if !user.entered {
             let r = clients[g].request(
                 "POST",
-                &format!("{SALE}/entries"),
+                &format!("{sale}/entries"),
                 &[("X-User-Id", &id)],
                 b"",
             );
@@ -173,7 +187,7 @@ fn worker(cfg: &LoadConfig, thread: u64, stop: &AtomicBool) -> Vec<Event> {
         } else {
             let r = clients[g].request(
                 "GET",
-                &format!("{SALE}/entries/me"),
+                &format!("{sale}/entries/me"),
                 &[("X-User-Id", &id)],
                 b"",
             );
@@ -277,4 +291,87 @@ pub fn max_per_window(times: &[u64], tick_ms: u64, max_n: usize) -> Vec<usize> {
                 .unwrap_or(0)
         })
         .collect()
+}
+
+/// The admission budget a fault test holds the backend to.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    pub tick_ms: u64,
+    pub batch: u64,
+    pub replicas: u64,
+}
+
+/// The time from `back_ms` (Redis answers again) to the end of the last degraded answer to a
+/// request sent after it (and answered before `until_ms`, when the next fault began).
+pub fn recovery_ms(events: &[Event], back_ms: u64, until_ms: u64) -> u64 {
+    events
+        .iter()
+        .filter(|e| e.start_ms >= back_ms && e.end_ms < until_ms && e.degraded)
+        .map(|e| e.end_ms.saturating_sub(back_ms))
+        .max()
+        .unwrap_or(0)
+}
+
+/// How many ticks, at most, the load generator bought after an admission: the largest time from
+/// a buyer's last `WAITING` answer to its purchase, in ticks, rounded up. A load generator
+/// starved of CPU learns of admissions late, and users admitted over several ticks then buy
+/// together; the bound on purchases per window widens by exactly that lag.
+pub fn purchase_lag_ticks(events: &[Event], tick_ms: u64) -> u64 {
+    events
+        .iter()
+        .filter(|e| e.op == Op::Purchase)
+        .filter_map(|e| e.waiting_ms.map(|w| e.start_ms.saturating_sub(w)))
+        .max()
+        .unwrap_or(0)
+        .div_ceil(tick_ms)
+}
+
+pub fn degraded_between(events: &[Event], from_ms: u64, to_ms: u64) -> usize {
+    events
+        .iter()
+        .filter(|e| e.degraded && e.start_ms >= from_ms && e.start_ms < to_ms)
+        .count()
+}
+
+/// The invariants every fault must keep. `lag_ticks`: how many ticks late the load generator's
+/// users may fetch their tokens (0 when it keeps pace; the bound grows by a batch per tick of
+/// lag, since users admitted in earlier ticks then buy together).
+pub fn assert_kept(
+    events: &[Event],
+    purchases: &[u64],
+    budget: Budget,
+    what: &str,
+    lag_ticks: u64,
+) {
+    let Budget {
+        tick_ms,
+        batch,
+        replicas,
+    } = budget;
+    let total = events.len();
+    let by_status = |s: u16| events.iter().filter(|e| e.status == s).count();
+    let five_xx = events.iter().filter(|e| e.status >= 500).count();
+    assert_eq!(five_xx, 0, "{what}: 5xx answers among {total}");
+    assert_eq!(by_status(0), 0, "{what}: failed connections");
+    let lost = events.iter().filter(|e| e.lost).count();
+    assert_eq!(lost, 0, "{what}: users who held a position were lost");
+    let refused = events
+        .iter()
+        .filter(|e| e.op == Op::Purchase && e.status != 200)
+        .count();
+    assert_eq!(refused, 0, "{what}: purchases with a valid token refused");
+    let windows = max_per_window(purchases, tick_ms, 20);
+    for (i, max) in windows.iter().enumerate() {
+        let n = i as u64 + 1;
+        let bound = (n + 2 + lag_ticks) * (batch + replicas - 1);
+        assert!(
+            *max as u64 <= bound,
+            "{what}: {max} purchases in {n} ticks, bound {bound}; per window {windows:?}"
+        );
+    }
+    eprintln!(
+        "{what}: {total} answers, {} purchases at the backend, max per 1/2/4/20 ticks {:?} (budget {batch} per tick)",
+        purchases.len(),
+        [windows[0], windows[1], windows[3], windows[19]],
+    );
 }

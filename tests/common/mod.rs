@@ -45,6 +45,28 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Holds the tests of one test binary that each run several processes and a load generator on
+/// the two cores one at a time: side by side they would measure the machine, not the gateway.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `(Redis ms, mark)` of every admission step recorded in a target's `advances` list (newest
+/// first, as `LRANGE` gives it), oldest first.
+pub fn parse_advances(list: &[Resp]) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = list
+        .iter()
+        .map(|r| {
+            let s = r.as_str().expect("an advance sample");
+            let (t, m) = s.split_once(':').expect("ms:mark");
+            (t.parse().expect("ms"), m.parse().expect("mark"))
+        })
+        .collect();
+    v.reverse();
+    v
+}
+
 /// Polls `f` until it returns true or `timeout` passes.
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;

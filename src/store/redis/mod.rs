@@ -22,10 +22,12 @@ use fred::prelude::*;
 use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand};
 
+mod cluster;
 mod pipe;
 mod settings;
 pub mod url;
 
+use cluster::{ClusterError, ClusterPipes};
 use pipe::{PipeError, Pipes};
 use url::{Deployment, RedisUrl};
 
@@ -61,6 +63,8 @@ pub struct RedisStore {
     liveness: Liveness,
     /// Script calls pipelined on a connection per thread (plain single-server URLs).
     pipes: Option<Pipes>,
+    /// Script calls pipelined per thread to every cluster primary (Cluster URLs).
+    cluster: Option<ClusterPipes>,
     command_timeout: Duration,
     deployment: Deployment,
 }
@@ -80,11 +84,15 @@ impl RedisStore {
         let mut config = parsed.config;
         // Keep trying when Redis is not there at start (the gateway fails open meanwhile).
         config.fail_fast = false;
-        // A single primary: script calls pipelined on a connection per thread. Sentinel and
-        // Cluster go through fred, which follows a failover and the slot map.
+        // Script calls pipelined on a connection per thread: to the single primary, or to every
+        // cluster primary. Sentinel goes through fred, which finds the primary after a failover.
         let pipes = match deployment {
             Deployment::Single => Pipes::for_config(&config),
             Deployment::Sentinel { .. } | Deployment::Cluster => None,
+        };
+        let cluster = match deployment {
+            Deployment::Cluster => Some(ClusterPipes::new(&config)),
+            Deployment::Single | Deployment::Sentinel { .. } => None,
         };
         // In a cluster every MOVED/ASK redirection costs fred one write attempt: allow a few,
         // so a slot migration is followed instead of failing the call.
@@ -118,6 +126,7 @@ impl RedisStore {
             max_targets: DEFAULT_MAX_TARGETS,
             liveness: Liveness::default(),
             pipes,
+            cluster,
             command_timeout,
             deployment,
         })
@@ -194,17 +203,17 @@ impl RedisStore {
         if let Some(pipes) = &self.pipes {
             return self.eval_piped(pipes, script, &keys, &argv).await;
         }
+        if let Some(cluster) = &self.cluster {
+            return self.eval_cluster(cluster, script, &keys, &argv).await;
+        }
         let mut args: Vec<Value> = Vec::with_capacity(2 + keys.len() + argv.len());
         args.push(script.sha.as_str().into());
         args.push(Value::Integer(keys.len() as i64));
         args.extend(keys.into_iter().map(Value::from));
         args.extend(argv);
-        // Routed by the first key (argument 2), not by the SHA: in a cluster the call goes to
-        // the node that owns the target's slot.
         match self.routed("EVALSHA", args.clone()).await {
             Err(e) if e.details().starts_with("NOSCRIPT") => {
-                // A restarted or flushed node: EVAL runs the script on that very node and caches
-                // it there (a SCRIPT LOAD could reach another node of a cluster).
+                // A restarted or flushed server: EVAL runs the script and caches it.
                 args[0] = script.source.into();
                 self.routed("EVAL", args).await.map_err(store_err)
             }
@@ -212,7 +221,7 @@ impl RedisStore {
         }
     }
 
-    /// A script call routed by its first key.
+    /// A script call through fred (Sentinel), routed by its first key.
     async fn routed(&self, name: &'static str, args: Vec<Value>) -> Result<Value, Error> {
         self.client
             .with_options(&self.options)
@@ -233,12 +242,7 @@ impl RedisStore {
     ) -> Result<Value, StoreError> {
         let argv: Vec<std::borrow::Cow<'_, [u8]>> = argv.iter().map(arg_bytes).collect();
         let nkeys = keys.len().to_string();
-        let mut args: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + argv.len());
-        args.push(b"EVALSHA");
-        args.push(script.sha.as_bytes());
-        args.push(nkeys.as_bytes());
-        args.extend(keys.iter().map(|k| k.as_bytes()));
-        args.extend(argv.iter().map(|a| a.as_ref()));
+        let args = evalsha_args(script, &nkeys, keys, &argv);
         let piped_err = |e: Option<PipeError>| match e {
             None => StoreError::Timeout,
             Some(PipeError::Redis(e) | PipeError::Unavailable(e)) => failure(e),
@@ -250,6 +254,42 @@ impl RedisStore {
                 self.call_piped(pipes, &args).await.map_err(piped_err)
             }
             other => other.map_err(piped_err),
+        }
+    }
+
+    /// `eval` on the cluster node serving the call's slot, within the command timeout.
+    async fn eval_cluster(
+        &self,
+        cluster: &ClusterPipes,
+        script: &Script,
+        keys: &[String],
+        argv: &[Value],
+    ) -> Result<Value, StoreError> {
+        let Some(first) = keys.first() else {
+            return Err(StoreError::Protocol(format!(
+                "{}: a script call without keys has no slot",
+                script.name
+            )));
+        };
+        let argv: Vec<std::borrow::Cow<'_, [u8]>> = argv.iter().map(arg_bytes).collect();
+        let nkeys = keys.len().to_string();
+        let mut args = evalsha_args(script, &nkeys, keys, &argv);
+        let deadline = Instant::now() + self.command_timeout;
+        let cluster_err = |e: ClusterError| match e {
+            ClusterError::Timeout => StoreError::Timeout,
+            ClusterError::Redis(e) | ClusterError::Unavailable(e) => failure(e),
+        };
+        match cluster.call(first.as_bytes(), &args, deadline).await {
+            Err(ClusterError::Redis(e)) if e.starts_with("NOSCRIPT") => {
+                // A restarted or flushed node: EVAL runs the script there and caches it.
+                args[0] = b"EVAL";
+                args[1] = script.source.as_bytes();
+                cluster
+                    .call(first.as_bytes(), &args, deadline)
+                    .await
+                    .map_err(cluster_err)
+            }
+            other => other.map_err(cluster_err),
         }
     }
 
@@ -329,6 +369,22 @@ impl RedisStore {
         }
         Ok(())
     }
+}
+
+/// `EVALSHA sha numkeys key... arg...` as the bytes sent.
+fn evalsha_args<'a>(
+    script: &'a Script,
+    nkeys: &'a str,
+    keys: &'a [String],
+    argv: &'a [std::borrow::Cow<'a, [u8]>],
+) -> Vec<&'a [u8]> {
+    let mut args: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + argv.len());
+    args.push(b"EVALSHA");
+    args.push(script.sha.as_bytes());
+    args.push(nkeys.as_bytes());
+    args.extend(keys.iter().map(|k| k.as_bytes()));
+    args.extend(argv.iter().map(|a| a.as_ref()));
+    args
 }
 
 /// A script argument as the bytes sent.
@@ -531,7 +587,10 @@ impl QueueStore for RedisStore {
         // before the SREM is seen here, and one who entered after it opened an empty room and
         // re-admitted the target from `enter` itself.
         let waiting = self
-            .command("ZCARD", vec![TargetKeys::new(target).of(Key::Waiting).into()])
+            .command(
+                "ZCARD",
+                vec![TargetKeys::new(target).of(Key::Waiting).into()],
+            )
             .await
             .map_err(store_err)?;
         if as_u64(&waiting, "zcard")? > 0 && !self.admit_and_note(target).await? {
@@ -651,6 +710,9 @@ impl QueueStore for RedisStore {
     async fn reconnect(&self) {
         if let Some(pipes) = &self.pipes {
             pipes.reconnect();
+        }
+        if let Some(cluster) = &self.cluster {
+            cluster.reconnect();
         }
         if let Err(e) = self.client.force_reconnection().await {
             tracing::debug!(error = %e.details(), "reconnect failed; fred keeps retrying");

@@ -9,7 +9,9 @@
 //! that gave up (its deadline passed) still has its reply read and dropped.
 //!
 //! Only scripts go this way; everything else (start-up, `SCRIPT LOAD`, operator commands) stays
-//! on fred. Used for plain `redis://` URLs to a single server; other kinds stay on fred.
+//! on fred. A single server (`redis://`) has one `Pipes`; a cluster has one per node
+//! (`cluster.rs`), and a call redirected with `ASK` goes out as `ASKING` + the call in one write,
+//! whose first reply the reader drops.
 //!
 //! Failure handling: a refused connect fails the call at once and the thread does not retry for
 //! `RETRY_AFTER`; a broken connection fails its pending calls and the next call reconnects;
@@ -47,8 +49,13 @@ type Reply = Result<Value, PipeError>;
 
 struct Call {
     frame: Vec<u8>,
+    /// Replies to drop before the call's own (1 after an `ASKING` prefix).
+    skip: u8,
     reply: oneshot::Sender<Reply>,
 }
+
+/// A reply slot as the reader sees it.
+type Slot = (u8, oneshot::Sender<Reply>);
 
 /// Where and how to connect, shared by every thread's connection of one store.
 #[derive(Debug)]
@@ -90,6 +97,14 @@ impl Pipes {
         let fred::types::config::ServerConfig::Centralized { server } = &config.server else {
             return None;
         };
+        Some(Pipes::new(
+            format!("{}:{}", server.host, server.port),
+            config,
+        ))
+    }
+
+    /// Connections to `addr` (`host:port`), authenticated and on the database of `config`.
+    pub fn new(addr: String, config: &fred::types::config::Config) -> Pipes {
         let mut hello = Vec::new();
         let mut hello_replies = 0;
         if let Some(password) = &config.password {
@@ -103,14 +118,14 @@ impl Pipes {
             encode(&mut hello, &[b"SELECT", db.to_string().as_bytes()]);
             hello_replies += 1;
         }
-        Some(Pipes {
+        Pipes {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            addr: format!("{}:{}", server.host, server.port),
+            addr,
             hello,
             hello_replies,
             connect_timeout: Duration::from_millis(500),
             generation: AtomicU64::new(0),
-        })
+        }
     }
 
     /// Every thread opens a new connection on its next call.
@@ -120,10 +135,27 @@ impl Pipes {
 
     /// Sends one command (its arguments as RESP bulk strings) on this thread's connection.
     pub async fn call(&self, args: &[&[u8]]) -> Reply {
-        let mut frame = Vec::with_capacity(64 + args.iter().map(|a| a.len() + 16).sum::<usize>());
+        self.send(args, false).await
+    }
+
+    /// `ASKING` and then the command, back to back on this thread's connection (a cluster node
+    /// importing a slot serves the one command after `ASKING` for it).
+    pub async fn call_asking(&self, args: &[&[u8]]) -> Reply {
+        self.send(args, true).await
+    }
+
+    async fn send(&self, args: &[&[u8]], asking: bool) -> Reply {
+        let mut frame = Vec::with_capacity(80 + args.iter().map(|a| a.len() + 16).sum::<usize>());
+        if asking {
+            encode(&mut frame, &[b"ASKING"]);
+        }
         encode(&mut frame, args);
         let (tx, rx) = oneshot::channel();
-        let mut call = Call { frame, reply: tx };
+        let mut call = Call {
+            frame,
+            skip: u8::from(asking),
+            reply: tx,
+        };
         // A connection found broken is replaced once, then the call fails.
         for _ in 0..2 {
             let sender = self.sender().await?;
@@ -253,7 +285,7 @@ impl Pipes {
 async fn writer(
     mut socket: tokio::net::tcp::OwnedWriteHalf,
     mut calls: mpsc::UnboundedReceiver<Call>,
-    order: mpsc::UnboundedSender<oneshot::Sender<Reply>>,
+    order: mpsc::UnboundedSender<Slot>,
 ) {
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     while let Some(first) = calls.recv().await {
@@ -261,7 +293,7 @@ async fn writer(
         let mut next = Some(first);
         while let Some(call) = next {
             buf.extend_from_slice(&call.frame);
-            if order.send(call.reply).is_err() {
+            if order.send((call.skip, call.reply)).is_err() {
                 return; // the reader is gone: the connection is broken
             }
             next = calls.try_recv().ok();
@@ -278,19 +310,29 @@ async fn writer(
 /// every call still waiting.
 async fn reader(
     mut socket: tokio::net::tcp::OwnedReadHalf,
-    mut order: mpsc::UnboundedReceiver<oneshot::Sender<Reply>>,
+    mut order: mpsc::UnboundedReceiver<Slot>,
     broken: Arc<AtomicBool>,
 ) {
     let mut buf = BytesMut::with_capacity(16 * 1024);
+    // The call whose reply comes next, while replies before its own are being dropped.
+    let mut current: Option<Slot> = None;
     let error = loop {
         match parse(&mut buf) {
-            Ok(Some(reply)) => match order.recv().await {
-                Some(slot) => {
-                    let _ = slot.send(reply.map_err(PipeError::Redis));
-                    continue;
+            Ok(Some(reply)) => {
+                let slot = match current.take() {
+                    Some(slot) => Some(slot),
+                    None => order.recv().await,
+                };
+                match slot {
+                    Some((0, slot)) => {
+                        let _ = slot.send(reply.map_err(PipeError::Redis));
+                    }
+                    // A prefix's reply (`ASKING`'s `OK`): the call's own is next.
+                    Some((skip, slot)) => current = Some((skip - 1, slot)),
+                    None => break "a reply nobody asked for".to_string(),
                 }
-                None => break "a reply nobody asked for".to_string(),
-            },
+                continue;
+            }
             Ok(None) => {}
             Err(e) => break e,
         }
@@ -305,7 +347,10 @@ async fn reader(
     };
     broken.store(true, Ordering::Relaxed);
     order.close();
-    while let Ok(slot) = order.try_recv() {
+    if let Some((_, slot)) = current {
+        let _ = slot.send(Err(PipeError::Unavailable(error.clone())));
+    }
+    while let Ok((_, slot)) = order.try_recv() {
         let _ = slot.send(Err(PipeError::Unavailable(error.clone())));
     }
 }

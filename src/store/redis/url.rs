@@ -118,7 +118,8 @@ impl RedisUrl {
 fn has_database(url: &str) -> bool {
     let rest = url.split_once("://").map_or("", |(_, r)| r);
     let rest = rest.split('?').next().unwrap_or_default();
-    rest.split_once('/').is_some_and(|(_, path)| !path.is_empty())
+    rest.split_once('/')
+        .is_some_and(|(_, path)| !path.is_empty())
 }
 
 #[cfg(test)]
