@@ -255,6 +255,11 @@ impl RedisServer {
         }
     }
 
+    /// Drops the connection `cmd` uses (a promoted replica's clients were killed by Sentinel).
+    pub fn forget_connection(&self) {
+        *self.conn.lock() = None;
+    }
+
     /// The process id (while it runs).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
