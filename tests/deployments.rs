@@ -475,3 +475,71 @@ fn sentinel_failover_to_a_stale_replica_loses_the_last_writes_not_the_bound() {
     // The sale goes on: users admitted after the failover buy.
     assert!(purchases.iter().any(|t| *t > kill_at + promoted_ms));
 }
+
+/// `rediss://`: the gateway talks TLS to Redis and checks its certificate. Trusting the CA
+/// (`SSL_CERT_FILE`), the queue works and its keys are in that Redis; a gateway that does not
+/// trust it never reaches the store (degraded answers, a certificate error in its log), and
+/// nothing falls back to plain text.
+#[test]
+fn tls_redis_is_verified_and_serves_the_queue() {
+    let tls = TlsRedis::start();
+    let up = Upstream::start();
+    let config = || {
+        let mut cfg = test_config(up.addr);
+        cfg.store.backend = StoreKind::Redis;
+        cfg.store.redis_url = tls.url();
+        cfg.store.startup_wait_ms = 2000;
+        cfg
+    };
+    let ca = tls.ca.to_string_lossy().into_owned();
+    let trusted = GatewayProc::start_with_env(
+        config(),
+        &[("SSL_CERT_FILE", &ca), ("VQ_TOKEN_SECRET", TEST_SECRET)],
+    );
+    let enter = |gw: &GatewayProc, user: &str| {
+        let r = gw
+            .client()
+            .request(
+                "POST",
+                &format!("{}/entries", queue_path(42)),
+                &[("X-User-Id", user)],
+                b"",
+            )
+            .unwrap();
+        assert_eq!(r.status, 200);
+        r.json()
+    };
+    for user in ["1", "2", "3"] {
+        let v = enter(&trusted, user);
+        assert_ne!(v["degraded"], true, "{v}");
+        assert_eq!(v["status"], "WAITING");
+    }
+    assert_eq!(
+        tls.redis
+            .cmd(&["ZCARD", "queue:{LIMITED_DROP:42}:waiting"])
+            .as_int(),
+        3,
+        "the queue lives in the TLS Redis"
+    );
+    // Without the CA: the system's roots do not know it.
+    let untrusted = GatewayProc::start_with_env(
+        config(),
+        &[
+            ("SSL_CERT_FILE", "/dev/null"),
+            ("VQ_TOKEN_SECRET", TEST_SECRET),
+        ],
+    );
+    let v = enter(&untrusted, "4");
+    assert_eq!(v["degraded"], true, "{v}");
+    assert!(
+        untrusted.log().to_lowercase().contains("certificate"),
+        "{}",
+        untrusted.log()
+    );
+    assert_eq!(
+        tls.redis
+            .cmd(&["ZCARD", "queue:{LIMITED_DROP:42}:waiting"])
+            .as_int(),
+        3
+    );
+}

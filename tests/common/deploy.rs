@@ -278,3 +278,97 @@ impl SentinelSet {
         }
     }
 }
+
+/// A Redis that speaks TLS on `tls_port` (its certificate signed by a private CA, for
+/// `127.0.0.1`) and plain TCP on `port` for the test's own inspection.
+pub struct TlsRedis {
+    pub redis: RedisServer,
+    pub tls_port: u16,
+    /// The CA's certificate (PEM): what a client must trust.
+    pub ca: std::path::PathBuf,
+    _certs: TempDir,
+}
+
+impl TlsRedis {
+    pub fn start() -> TlsRedis {
+        let certs = TempDir::new("tls");
+        let d = |f: &str| certs.0.join(f).to_string_lossy().into_owned();
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .stdin(Stdio::null())
+                .output()
+                .expect("openssl");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        let mut ca_args = vec!["req", "-x509", "-days", "2", "-subj", "/CN=vq test CA"];
+        ca_args.extend(ec);
+        let (ca_key, ca, key, csr, cert, ext) = (
+            d("ca.key"),
+            d("ca.pem"),
+            d("server.key"),
+            d("server.csr"),
+            d("server.pem"),
+            d("ext.cnf"),
+        );
+        ca_args.extend(["-keyout", &ca_key, "-out", &ca]);
+        openssl(&ca_args);
+        let mut req = vec!["req", "-subj", "/CN=127.0.0.1"];
+        req.extend(ec);
+        req.extend(["-keyout", &key, "-out", &csr]);
+        openssl(&req);
+        std::fs::write(&ext, "subjectAltName=IP:127.0.0.1\n").unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-days",
+            "2",
+            "-in",
+            &csr,
+            "-CA",
+            &ca,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-out",
+            &cert,
+            "-extfile",
+            &ext,
+        ]);
+        let tls_port = free_port();
+        let port_s = tls_port.to_string();
+        let redis = RedisServer::start_with(&[
+            "--tls-port",
+            &port_s,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            "no",
+        ]);
+        TlsRedis {
+            redis,
+            tls_port,
+            ca: certs.0.join("ca.pem"),
+            _certs: certs,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.tls_port)
+    }
+}

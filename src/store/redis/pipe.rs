@@ -26,9 +26,16 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use fred::prelude::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
+use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::TlsConnector;
+
+/// A connection to Redis: plain TCP or TLS over it.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+type Conn = Box<dyn Stream>;
 
 /// How long a thread whose connect failed fails its calls at once before trying again.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
@@ -58,7 +65,6 @@ struct Call {
 type Slot = (u8, oneshot::Sender<Reply>);
 
 /// Where and how to connect, shared by every thread's connection of one store.
-#[derive(Debug)]
 pub struct Pipes {
     id: u64,
     addr: String,
@@ -67,6 +73,26 @@ pub struct Pipes {
     hello_replies: usize,
     connect_timeout: Duration,
     generation: AtomicU64,
+    tls: Security,
+}
+
+/// How a connection is secured.
+enum Security {
+    Plain,
+    /// `rediss…`: fred's rustls connector (the system's roots or `SSL_CERT_FILE`) and the name
+    /// the server's certificate must carry (the host).
+    Tls(TlsConnector, ServerName<'static>),
+    /// TLS was asked for but the host is no valid server name: never connect in plain text.
+    Refused(String),
+}
+
+impl std::fmt::Debug for Pipes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipes")
+            .field("addr", &self.addr)
+            .field("tls", &!matches!(self.tls, Security::Plain))
+            .finish_non_exhaustive()
+    }
 }
 
 /// A thread's connection to one store.
@@ -118,6 +144,17 @@ impl Pipes {
             encode(&mut hello, &[b"SELECT", db.to_string().as_bytes()]);
             hello_replies += 1;
         }
+        let tls = match config.tls.as_ref() {
+            None => Security::Plain,
+            Some(t) => {
+                let fred::types::config::TlsConnector::Rustls(connector) = &t.connector;
+                let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
+                match ServerName::try_from(host.to_string()) {
+                    Ok(name) => Security::Tls(connector.clone(), name),
+                    Err(e) => Security::Refused(format!("tls {host}: {e}")),
+                }
+            }
+        };
         Pipes {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             addr,
@@ -125,6 +162,7 @@ impl Pipes {
             hello_replies,
             connect_timeout: Duration::from_millis(500),
             generation: AtomicU64::new(0),
+            tls,
         }
     }
 
@@ -231,17 +269,29 @@ impl Pipes {
     }
 
     async fn open(&self) -> Result<(mpsc::UnboundedSender<Call>, Arc<AtomicBool>), String> {
-        let mut stream = match tokio::time::timeout(
-            self.connect_timeout,
-            TcpStream::connect(&self.addr),
-        )
-        .await
+        if let Security::Refused(e) = &self.tls {
+            return Err(e.clone());
+        }
+        let tcp = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.addr))
+            .await
         {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(format!("connect {}: {e}", self.addr)),
             Err(_) => return Err(format!("connect {}: timed out", self.addr)),
         };
-        let _ = stream.set_nodelay(true);
+        let _ = tcp.set_nodelay(true);
+        let mut stream: Conn = match &self.tls {
+            Security::Plain => Box::new(tcp),
+            Security::Refused(e) => return Err(e.clone()),
+            Security::Tls(connector, name) => {
+                let handshake = connector.connect(name.clone(), tcp);
+                match tokio::time::timeout(self.connect_timeout, handshake).await {
+                    Ok(Ok(s)) => Box::new(s),
+                    Ok(Err(e)) => return Err(format!("tls {}: {e}", self.addr)),
+                    Err(_) => return Err(format!("tls {}: timed out", self.addr)),
+                }
+            }
+        };
         if self.hello_replies > 0 {
             let hello = async {
                 stream
@@ -270,7 +320,7 @@ impl Pipes {
                 Err(_) => return Err("AUTH/SELECT timed out".to_string()),
             }
         }
-        let (read, write) = stream.into_split();
+        let (read, write) = tokio::io::split(stream);
         let (calls_tx, calls_rx) = mpsc::unbounded_channel();
         let (order_tx, order_rx) = mpsc::unbounded_channel();
         let broken = Arc::new(AtomicBool::new(false));
@@ -283,7 +333,7 @@ impl Pipes {
 /// Sends every call queued since the last write in one write; hands the reply slots to the
 /// reader in the same order.
 async fn writer(
-    mut socket: tokio::net::tcp::OwnedWriteHalf,
+    mut socket: WriteHalf<Conn>,
     mut calls: mpsc::UnboundedReceiver<Call>,
     order: mpsc::UnboundedSender<Slot>,
 ) {
@@ -309,7 +359,7 @@ async fn writer(
 /// Answers the calls in order from the replies on the socket; on a broken connection, fails
 /// every call still waiting.
 async fn reader(
-    mut socket: tokio::net::tcp::OwnedReadHalf,
+    mut socket: ReadHalf<Conn>,
     mut order: mpsc::UnboundedReceiver<Slot>,
     broken: Arc<AtomicBool>,
 ) {

@@ -7,8 +7,10 @@
 //! | Cluster | `redis-cluster://[[user]:password@]seed[:port][?node=host:port...]` |
 //!
 //! The user and password are the data nodes' (the primary's, every cluster node's); Sentinel's
-//! own credentials are `sentinelUsername` / `sentinelPassword`. TLS (`rediss…`) is refused: this
-//! build has no TLS client, and accepting the URL would connect in plain text.
+//! own credentials are `sentinelUsername` / `sentinelPassword`. Each kind has a TLS form
+//! (`rediss://`, `rediss-sentinel://`, `rediss-cluster://`): rustls, the server's certificate
+//! checked against the system's roots (or the PEM file in `SSL_CERT_FILE`) and the host name in
+//! the URL.
 
 use fred::types::config::{Config, ServerConfig};
 
@@ -44,19 +46,19 @@ pub struct RedisUrl {
 impl RedisUrl {
     pub fn parse(url: &str) -> Result<RedisUrl, String> {
         let scheme = url.split("://").next().unwrap_or_default();
-        match scheme {
-            "redis" | "redis-sentinel" | "redis-cluster" => {}
-            "rediss" | "rediss-sentinel" | "rediss-cluster" => {
-                return Err(
-                    "TLS (rediss://) is not supported by this build; reach Redis over a private network or a TLS tunnel"
-                        .into(),
-                )
-            }
-            _ => {
-                return Err(
-                    "must start with redis://, redis-sentinel:// or redis-cluster://".into(),
-                )
-            }
+        if !matches!(
+            scheme,
+            "redis"
+                | "redis-sentinel"
+                | "redis-cluster"
+                | "rediss"
+                | "rediss-sentinel"
+                | "rediss-cluster"
+        ) {
+            return Err(
+                "must start with redis://, redis-sentinel:// or redis-cluster:// (rediss… for TLS)"
+                    .into(),
+            );
         }
         let config = Config::from_url(url).map_err(|e| e.details().to_string())?;
         let deployment = match &config.server {
@@ -71,7 +73,15 @@ impl RedisUrl {
                 Deployment::Cluster
             }
         };
+        if scheme.starts_with("rediss") && config.tls.is_none() {
+            return Err("TLS was asked for but could not be set up".into());
+        }
         Ok(RedisUrl { deployment, config })
+    }
+
+    /// Whether the connections use TLS (`rediss…`).
+    pub fn tls(&self) -> bool {
+        self.config.tls.is_some()
     }
 
     /// The kind and the addresses, no secret: `sentinel (service mymaster) 10.0.0.1:26379, ...`.
@@ -90,6 +100,9 @@ impl RedisUrl {
             Deployment::Cluster => "cluster (seed nodes; the rest discovered)".to_string(),
         };
         let mut out = format!("{kind} {}", hosts.join(", "));
+        if self.tls() {
+            out.push_str(" tls");
+        }
         if let Some(db) = self.config.database.filter(|db| *db != 0) {
             out.push_str(&format!(" db {db}"));
         }
@@ -163,10 +176,28 @@ mod tests {
     }
 
     #[test]
+    fn tls_forms_are_accepted_and_shown() {
+        for (url, shown) in [
+            ("rediss://h:6380", "single h:6380 tls"),
+            (
+                "rediss-cluster://h:7000?node=i:7001",
+                "cluster (seed nodes; the rest discovered) h:7000, i:7001 tls",
+            ),
+            (
+                "rediss-sentinel://h:26379?sentinelServiceName=m",
+                "sentinel (service m) h:26379 tls",
+            ),
+        ] {
+            let u = RedisUrl::parse(url).unwrap();
+            assert!(u.tls(), "{url}");
+            assert_eq!(u.describe(), shown);
+        }
+        assert!(!RedisUrl::parse("redis://h:6379").unwrap().tls());
+    }
+
+    #[test]
     fn bad_urls_are_refused_with_a_reason() {
         for (url, why) in [
-            ("rediss://h:6379", "TLS"),
-            ("rediss-cluster://h:6379", "TLS"),
             ("http://h:6379", "must start with"),
             ("h:6379", "must start with"),
             ("redis-sentinel://h:26379", "service name"),
