@@ -44,6 +44,15 @@ use crate::queue::{millis, QueueStats, QueueTarget};
 /// whose keys expired, so a live target must be re-registered now and then).
 const ACTIVE_REFRESH: Duration = Duration::from_secs(10);
 
+/// Where script calls go: pipelined connections per proxy thread (`pipe.rs`), to the one
+/// server, to the primary fred follows through Sentinel, or to every cluster primary. fred keeps
+/// the rest: start-up, script loading, operator commands, and finding the Sentinel's primary.
+enum Route {
+    Direct(Pipes),
+    Primary(Pipes),
+    Cluster(Box<ClusterPipes>),
+}
+
 /// Write attempts per call in a cluster: the first try and up to two MOVED/ASK redirections.
 const CLUSTER_ATTEMPTS: u32 = 3;
 
@@ -62,9 +71,10 @@ pub struct RedisStore {
     max_targets: usize,
     liveness: Liveness,
     /// Script calls pipelined on a connection per thread (plain single-server URLs).
-    pipes: Option<Pipes>,
-    /// Script calls pipelined per thread to every cluster primary (Cluster URLs).
-    cluster: Option<ClusterPipes>,
+    /// Where script calls go.
+    route: Route,
+    /// Sentinel: the primary the pipelined connections point at, as fred last reported it.
+    primary: Mutex<Option<fred::types::config::Server>>,
     command_timeout: Duration,
     deployment: Deployment,
 }
@@ -84,15 +94,10 @@ impl RedisStore {
         let mut config = parsed.config;
         // Keep trying when Redis is not there at start (the gateway fails open meanwhile).
         config.fail_fast = false;
-        // Script calls pipelined on a connection per thread: to the single primary, or to every
-        // cluster primary. Sentinel goes through fred, which finds the primary after a failover.
-        let pipes = match deployment {
-            Deployment::Single => Pipes::for_config(&config),
-            Deployment::Sentinel { .. } | Deployment::Cluster => None,
-        };
-        let cluster = match deployment {
-            Deployment::Cluster => Some(ClusterPipes::new(&config)),
-            Deployment::Single | Deployment::Sentinel { .. } => None,
+        let route = match deployment {
+            Deployment::Single => Route::Direct(Pipes::for_config(&config)),
+            Deployment::Sentinel { .. } => Route::Primary(Pipes::new(String::new(), &config)),
+            Deployment::Cluster => Route::Cluster(Box::new(ClusterPipes::new(&config))),
         };
         // In a cluster every MOVED/ASK redirection costs fred one write attempt: allow a few,
         // so a slot migration is followed instead of failing the call.
@@ -125,8 +130,8 @@ impl RedisStore {
             registered: Mutex::new(HashMap::new()),
             max_targets: DEFAULT_MAX_TARGETS,
             liveness: Liveness::default(),
-            pipes,
-            cluster,
+            route,
+            primary: Mutex::new(None),
             command_timeout,
             deployment,
         })
@@ -200,36 +205,14 @@ impl RedisStore {
         keys: Vec<String>,
         argv: Vec<Value>,
     ) -> Result<Value, StoreError> {
-        if let Some(pipes) = &self.pipes {
-            return self.eval_piped(pipes, script, &keys, &argv).await;
-        }
-        if let Some(cluster) = &self.cluster {
-            return self.eval_cluster(cluster, script, &keys, &argv).await;
-        }
-        let mut args: Vec<Value> = Vec::with_capacity(2 + keys.len() + argv.len());
-        args.push(script.sha.as_str().into());
-        args.push(Value::Integer(keys.len() as i64));
-        args.extend(keys.into_iter().map(Value::from));
-        args.extend(argv);
-        match self.routed("EVALSHA", args.clone()).await {
-            Err(e) if e.details().starts_with("NOSCRIPT") => {
-                // A restarted or flushed server: EVAL runs the script and caches it.
-                args[0] = script.source.into();
-                self.routed("EVAL", args).await.map_err(store_err)
+        match &self.route {
+            Route::Direct(pipes) => self.eval_piped(pipes, script, &keys, &argv).await,
+            Route::Primary(pipes) => {
+                self.follow_primary(pipes)?;
+                self.eval_piped(pipes, script, &keys, &argv).await
             }
-            other => other.map_err(store_err),
+            Route::Cluster(cluster) => self.eval_cluster(cluster, script, &keys, &argv).await,
         }
-    }
-
-    /// A script call through fred (Sentinel), routed by its first key.
-    async fn routed(&self, name: &'static str, args: Vec<Value>) -> Result<Value, Error> {
-        self.client
-            .with_options(&self.options)
-            .custom(
-                CustomCommand::new_static(name, ClusterHash::Offset(2), false),
-                args,
-            )
-            .await
     }
 
     /// `eval` on this thread's pipelined connection, within the command timeout.
@@ -255,6 +238,24 @@ impl RedisStore {
             }
             other => other.map_err(piped_err),
         }
+    }
+
+    /// Points the pipelined connections at the primary fred is connected to. fred asks the
+    /// sentinels on every (re)connect; a failover drops its connection (or the breaker asks it to
+    /// reconnect after `READONLY` answers from a demoted primary), and it comes back on the
+    /// promoted replica.
+    fn follow_primary(&self, pipes: &Pipes) -> Result<(), StoreError> {
+        let Some(server) = self.client.active_connections().into_iter().next() else {
+            return Err(StoreError::Unavailable(
+                "no connection to a primary (asking the sentinels)".into(),
+            ));
+        };
+        let mut known = self.primary.lock();
+        if known.as_ref() != Some(&server) {
+            pipes.retarget(&format!("{}:{}", server.host, server.port));
+            *known = Some(server);
+        }
+        Ok(())
     }
 
     /// `eval` on the cluster node serving the call's slot, within the command timeout.
@@ -708,11 +709,9 @@ impl QueueStore for RedisStore {
     }
 
     async fn reconnect(&self) {
-        if let Some(pipes) = &self.pipes {
-            pipes.reconnect();
-        }
-        if let Some(cluster) = &self.cluster {
-            cluster.reconnect();
+        match &self.route {
+            Route::Direct(pipes) | Route::Primary(pipes) => pipes.reconnect(),
+            Route::Cluster(cluster) => cluster.reconnect(),
         }
         if let Err(e) = self.client.force_reconnection().await {
             tracing::debug!(error = %e.details(), "reconnect failed; fred keeps retrying");

@@ -67,30 +67,23 @@ type Slot = (u8, oneshot::Sender<Reply>);
 /// Where and how to connect, shared by every thread's connection of one store.
 pub struct Pipes {
     id: u64,
-    addr: String,
+    /// `host:port`; a Sentinel's primary moves (`retarget`).
+    addr: parking_lot::RwLock<Arc<str>>,
     /// `AUTH` (and `SELECT`) frames sent first on every connection.
     hello: Vec<u8>,
     hello_replies: usize,
     connect_timeout: Duration,
     generation: AtomicU64,
-    tls: Security,
-}
-
-/// How a connection is secured.
-enum Security {
-    Plain,
-    /// `rediss…`: fred's rustls connector (the system's roots or `SSL_CERT_FILE`) and the name
-    /// the server's certificate must carry (the host).
-    Tls(TlsConnector, ServerName<'static>),
-    /// TLS was asked for but the host is no valid server name: never connect in plain text.
-    Refused(String),
+    /// For `rediss…` URLs: fred's rustls connector (the system's roots or `SSL_CERT_FILE`); the
+    /// server's certificate must name the host.
+    tls: Option<TlsConnector>,
 }
 
 impl std::fmt::Debug for Pipes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pipes")
-            .field("addr", &self.addr)
-            .field("tls", &!matches!(self.tls, Security::Plain))
+            .field("addr", &*self.addr.read())
+            .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -118,15 +111,15 @@ thread_local! {
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Pipes {
-    /// `None` for a URL this module does not serve (not a single plain-TCP server).
-    pub fn for_config(config: &fred::types::config::Config) -> Option<Pipes> {
-        let fred::types::config::ServerConfig::Centralized { server } = &config.server else {
-            return None;
-        };
-        Some(Pipes::new(
-            format!("{}:{}", server.host, server.port),
-            config,
-        ))
+    /// Connections to the server of a single-server `config`.
+    pub fn for_config(config: &fred::types::config::Config) -> Pipes {
+        let addr = config
+            .server
+            .hosts()
+            .first()
+            .map(|s| format!("{}:{}", s.host, s.port))
+            .unwrap_or_default();
+        Pipes::new(addr, config)
     }
 
     /// Connections to `addr` (`host:port`), authenticated and on the database of `config`.
@@ -144,20 +137,13 @@ impl Pipes {
             encode(&mut hello, &[b"SELECT", db.to_string().as_bytes()]);
             hello_replies += 1;
         }
-        let tls = match config.tls.as_ref() {
-            None => Security::Plain,
-            Some(t) => {
-                let fred::types::config::TlsConnector::Rustls(connector) = &t.connector;
-                let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
-                match ServerName::try_from(host.to_string()) {
-                    Ok(name) => Security::Tls(connector.clone(), name),
-                    Err(e) => Security::Refused(format!("tls {host}: {e}")),
-                }
-            }
-        };
+        let tls = config.tls.as_ref().map(|t| {
+            let fred::types::config::TlsConnector::Rustls(connector) = &t.connector;
+            connector.clone()
+        });
         Pipes {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            addr,
+            addr: parking_lot::RwLock::new(Arc::from(addr)),
             hello,
             hello_replies,
             connect_timeout: Duration::from_millis(500),
@@ -169,6 +155,16 @@ impl Pipes {
     /// Every thread opens a new connection on its next call.
     pub fn reconnect(&self) {
         self.generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Points the connections at `addr` (a Sentinel's new primary): every thread reconnects
+    /// on its next call. Nothing changes when it is the same address.
+    pub fn retarget(&self, addr: &str) {
+        if *self.addr.read().as_ref() == *addr {
+            return;
+        }
+        *self.addr.write() = Arc::from(addr);
+        self.reconnect();
     }
 
     /// Sends one command (its arguments as RESP bulk strings) on this thread's connection.
@@ -269,26 +265,34 @@ impl Pipes {
     }
 
     async fn open(&self) -> Result<(mpsc::UnboundedSender<Call>, Arc<AtomicBool>), String> {
-        if let Security::Refused(e) = &self.tls {
-            return Err(e.clone());
-        }
-        let tcp = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.addr))
-            .await
+        let addr = self.addr.read().clone();
+        let tls = match &self.tls {
+            None => None,
+            Some(connector) => {
+                // TLS was asked for: a host that is no valid server name never gets a plain
+                // connection instead.
+                let host = addr.rsplit_once(':').map_or(addr.as_ref(), |(h, _)| h);
+                match ServerName::try_from(host.to_string()) {
+                    Ok(name) => Some((connector, name)),
+                    Err(e) => return Err(format!("tls {host}: {e}")),
+                }
+            }
+        };
+        let tcp = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&*addr)).await
         {
             Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(format!("connect {}: {e}", self.addr)),
-            Err(_) => return Err(format!("connect {}: timed out", self.addr)),
+            Ok(Err(e)) => return Err(format!("connect {addr}: {e}")),
+            Err(_) => return Err(format!("connect {addr}: timed out")),
         };
         let _ = tcp.set_nodelay(true);
-        let mut stream: Conn = match &self.tls {
-            Security::Plain => Box::new(tcp),
-            Security::Refused(e) => return Err(e.clone()),
-            Security::Tls(connector, name) => {
-                let handshake = connector.connect(name.clone(), tcp);
+        let mut stream: Conn = match tls {
+            None => Box::new(tcp),
+            Some((connector, name)) => {
+                let handshake = connector.connect(name, tcp);
                 match tokio::time::timeout(self.connect_timeout, handshake).await {
                     Ok(Ok(s)) => Box::new(s),
-                    Ok(Err(e)) => return Err(format!("tls {}: {e}", self.addr)),
-                    Err(_) => return Err(format!("tls {}: timed out", self.addr)),
+                    Ok(Err(e)) => return Err(format!("tls {addr}: {e}")),
+                    Err(_) => return Err(format!("tls {addr}: timed out")),
                 }
             }
         };
