@@ -15,6 +15,7 @@
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -24,11 +25,13 @@ use fred::types::{ClusterHash, CustomCommand};
 
 mod cluster;
 mod pipe;
+mod sentinel;
 mod settings;
 pub mod url;
 
 use cluster::{ClusterError, ClusterPipes};
 use pipe::{PipeError, Pipes};
+use sentinel::SentinelWatch;
 use url::{Deployment, RedisUrl};
 
 use super::liveness::Liveness;
@@ -73,6 +76,8 @@ pub struct RedisStore {
     /// Script calls pipelined on a connection per thread (plain single-server URLs).
     /// Where script calls go.
     route: Route,
+    /// Sentinel: asks the sentinels which server is the primary.
+    watch: Option<Arc<SentinelWatch>>,
     /// Sentinel: the primary the pipelined connections point at, as fred last reported it.
     primary: Mutex<Option<fred::types::config::Server>>,
     command_timeout: Duration,
@@ -105,6 +110,7 @@ impl RedisStore {
             Deployment::Cluster => CLUSTER_ATTEMPTS,
             Deployment::Single | Deployment::Sentinel { .. } => 1,
         };
+        let sentinel_config = config.clone();
         let client = Builder::from_config(config)
             .with_performance_config(|p| p.default_command_timeout = command_timeout)
             .with_connection_config(|c| {
@@ -122,6 +128,7 @@ impl RedisStore {
             max_attempts: Some(attempts),
             ..Default::default()
         };
+        let watch = SentinelWatch::new(&sentinel_config, client.clone()).map(Arc::new);
         Ok(RedisStore {
             client,
             options,
@@ -131,6 +138,7 @@ impl RedisStore {
             max_targets: DEFAULT_MAX_TARGETS,
             liveness: Liveness::default(),
             route,
+            watch,
             primary: Mutex::new(None),
             command_timeout,
             deployment,
@@ -240,11 +248,17 @@ impl RedisStore {
         }
     }
 
-    /// Points the pipelined connections at the primary fred is connected to. fred asks the
-    /// sentinels on every (re)connect; a failover drops its connection (or the breaker asks it to
-    /// reconnect after `READONLY` answers from a demoted primary), and it comes back on the
-    /// promoted replica.
+    /// Points the pipelined connections at the primary the sentinels name (`sentinel.rs`: asked
+    /// every 100 ms), or, until they answered, at the server fred is connected to.
     fn follow_primary(&self, pipes: &Pipes) -> Result<(), StoreError> {
+        if let Some(watch) = &self.watch {
+            watch.check_soon();
+            if let Some(addr) = watch.primary() {
+                pipes.retarget(&addr);
+                return Ok(());
+            }
+        }
+        // The sentinels were not reached yet: where fred is connected.
         let Some(server) = self.client.active_connections().into_iter().next() else {
             return Err(StoreError::Unavailable(
                 "no connection to a primary (asking the sentinels)".into(),
