@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{RedisCluster, RedisServer, Resp};
+use common::{RedisCluster, RedisServer, Resp, SentinelSet};
 use vq_gateway::clock::now;
 use vq_gateway::queue::{QueueTarget, TargetType};
 use vq_gateway::store::liveness::Liveness;
@@ -70,6 +70,22 @@ macro_rules! contract {
                     let redis = RedisServer::start();
                     let store = connected_redis(&redis).await;
                     super::$scenario(store.as_ref()).await;
+                }
+            )*
+        }
+        mod sentinel {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    let set = SentinelSet::start();
+                    let store = Arc::new(
+                        RedisStore::new(&set.url(), Duration::from_millis(1000)).unwrap(),
+                    );
+                    assert!(store.connect(Duration::from_secs(5)).await);
+                    super::$scenario(store.as_ref()).await;
+                    // Everything went to the primary the sentinels name.
+                    assert!(set.primary.cmd(&["DBSIZE"]).as_int() > 0);
                 }
             )*
         }
