@@ -363,6 +363,7 @@ fn check_config_prints_the_redis_deployment_without_secrets() {
             "redis-cluster://10.0.0.1:7000?node=10.0.0.2:7000",
             "redis cluster (seed nodes; the rest discovered) 10.0.0.1:7000, 10.0.0.2:7000",
         ),
+        ("rediss://10.0.0.5:6380", "redis single 10.0.0.5:6380 tls"),
     ];
     for (url, shown) in ok {
         let (code, out) = check_config(&format!(
@@ -375,7 +376,7 @@ fn check_config_prints_the_redis_deployment_without_secrets() {
         }
     }
     let bad = [
-        ("rediss://10.0.0.5:6380", "TLS"),
+        ("redis://10.0.0.5:6380/x", "nvalid"),
         ("redis-sentinel://10.0.0.1:26379", "service name"),
         ("redis-cluster://10.0.0.1:7000/1", "database 0 only"),
         ("mongodb://10.0.0.1", "must start with"),
