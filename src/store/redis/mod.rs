@@ -78,6 +78,8 @@ pub struct RedisStore {
     route: Route,
     /// Sentinel: asks the sentinels which server is the primary.
     watch: Option<Arc<SentinelWatch>>,
+    /// The watch's version the pipelined connections point at.
+    followed: std::sync::atomic::AtomicU64,
     /// Sentinel: the primary the pipelined connections point at, as fred last reported it.
     primary: Mutex<Option<fred::types::config::Server>>,
     command_timeout: Duration,
@@ -139,6 +141,7 @@ impl RedisStore {
             liveness: Liveness::default(),
             route,
             watch,
+            followed: std::sync::atomic::AtomicU64::new(0),
             primary: Mutex::new(None),
             command_timeout,
             deployment,
@@ -253,8 +256,15 @@ impl RedisStore {
     fn follow_primary(&self, pipes: &Pipes) -> Result<(), StoreError> {
         if let Some(watch) = &self.watch {
             watch.check_soon();
-            if let Some(addr) = watch.primary() {
-                pipes.retarget(&addr);
+            let version = watch.version();
+            if version != 0 {
+                if self.followed.load(std::sync::atomic::Ordering::Acquire) != version {
+                    if let Some(addr) = watch.primary() {
+                        pipes.retarget(&addr);
+                    }
+                    self.followed
+                        .store(version, std::sync::atomic::Ordering::Release);
+                }
                 return Ok(());
             }
         }

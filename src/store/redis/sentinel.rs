@@ -7,7 +7,7 @@
 //! store asks the sentinels itself, from the request path but off it (a spawned task, at most
 //! one at a time), and moves its connections (and fred's) as soon as they name another primary.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use fred::prelude::Value;
 use fred::types::config::{Config, ServerConfig};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 
 use super::pipe::Pipes;
 
@@ -30,7 +30,12 @@ pub struct SentinelWatch {
     sentinels: Vec<Pipes>,
     client: Client,
     primary: RwLock<Option<Arc<str>>>,
-    last_check: Mutex<Option<Instant>>,
+    /// Bumped whenever `primary` changes (0: never heard from the sentinels), so callers can
+    /// tell a change with one atomic load.
+    version: AtomicU64,
+    /// Milliseconds since `epoch` at the last check (checked on every script call: no lock).
+    last_check_ms: AtomicU64,
+    epoch: Instant,
     checking: AtomicBool,
 }
 
@@ -60,7 +65,9 @@ impl SentinelWatch {
             sentinels,
             client,
             primary: RwLock::new(None),
-            last_check: Mutex::new(None),
+            version: AtomicU64::new(0),
+            last_check_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
             checking: AtomicBool::new(false),
         })
     }
@@ -70,16 +77,22 @@ impl SentinelWatch {
         self.primary.read().clone()
     }
 
+    /// Changes whenever the sentinels name another primary; 0 until they answered.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
     /// Starts a check when one is due and none is running.
     pub fn check_soon(self: &Arc<Self>) {
-        let due = self
-            .last_check
-            .lock()
-            .is_none_or(|at| at.elapsed() >= CHECK_EVERY);
-        if !due || self.checking.swap(true, Ordering::AcqRel) {
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.last_check_ms.load(Ordering::Relaxed);
+        let first = self.version() == 0;
+        if (!first && now.saturating_sub(last) < millis(CHECK_EVERY))
+            || self.checking.swap(true, Ordering::AcqRel)
+        {
             return;
         }
-        *self.last_check.lock() = Some(Instant::now());
+        self.last_check_ms.store(now, Ordering::Relaxed);
         let me = self.clone();
         tokio::spawn(async move {
             me.check().await;
@@ -110,6 +123,9 @@ impl SentinelWatch {
             };
             let named: Arc<str> = Arc::from(format!("{host}:{port}"));
             let before = self.primary.write().replace(named.clone());
+            if before.as_ref() != Some(&named) {
+                self.version.fetch_add(1, Ordering::AcqRel);
+            }
             if before.is_some_and(|b| b != named) {
                 tracing::warn!(primary = %named, "the sentinels name a new primary; moving there");
                 // fred's own connection (operator commands, the health probe's ping) follows.
@@ -121,4 +137,8 @@ impl SentinelWatch {
             return;
         }
     }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
