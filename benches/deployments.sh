@@ -37,7 +37,18 @@ sentinel monitor vq 127.0.0.1 $PRIMARY 1
 sentinel down-after-milliseconds vq 5000
 CONF
 redis-server "$WORK/sentinel.conf" --sentinel >/dev/null & PIDS+=($!)
-C1=$(port); C2=$(port); C3=$(port)
+# A cluster node's bus listens on port + 10000: pick ports whose bus port exists and is free.
+cport() { python3 -c '
+import socket
+while True:
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]
+    if p > 55535: continue
+    b = socket.socket()
+    try:
+        b.bind(("127.0.0.1", p + 10000)); print(p); break
+    except OSError: pass
+'; }
+C1=$(cport); C2=$(cport); C3=$(cport)
 for p in $C1 $C2 $C3; do redis "$p" --cluster-enabled yes --cluster-config-file nodes.conf; done
 redis-cli --cluster create 127.0.0.1:$C1 127.0.0.1:$C2 127.0.0.1:$C3 --cluster-replicas 0 --cluster-yes >/dev/null
 for _ in $(seq 100); do redis-cli -p "$C1" CLUSTER INFO | grep -q cluster_state:ok && break; sleep 0.1; done

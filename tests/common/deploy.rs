@@ -31,6 +31,17 @@ const CLUSTER_ARGS: [&str; 12] = [
     "no",
 ];
 
+/// A free port for a cluster node: its cluster bus listens on port + 10000, which must exist
+/// and be free too (the kernel's ephemeral ports reach 60999).
+fn cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port <= 55_535 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
 impl RedisCluster {
     pub fn start() -> RedisCluster {
         RedisCluster::start_with(&[])
@@ -43,7 +54,9 @@ impl RedisCluster {
 
     fn start_with(more: &[&str]) -> RedisCluster {
         let args: Vec<&str> = CLUSTER_ARGS.iter().chain(more).copied().collect();
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(&args)).collect();
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::start_on(cluster_port(), &args))
+            .collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))

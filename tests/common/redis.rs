@@ -173,10 +173,15 @@ impl RedisServer {
 
     /// With more `redis-server` arguments (`--cluster-enabled yes`, `--replicaof ...`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
+        RedisServer::start_on(free_port(), extra)
+    }
+
+    /// On `port`, with more `redis-server` arguments.
+    pub fn start_on(port: u16, extra: &[&str]) -> RedisServer {
         let mut r = RedisServer {
             child: None,
             conn: Mutex::new(None),
-            port: free_port(),
+            port,
             dir: TempDir::new("redis"),
             persistent: false,
             extra: extra.iter().map(|a| a.to_string()).collect(),

@@ -36,7 +36,7 @@ pub struct ClusterPipes {
     seeds: Vec<String>,
     /// The node serving each slot (`host:port`), as last learned.
     slots: RwLock<Vec<Option<Arc<str>>>>,
-    nodes: Mutex<HashMap<Arc<str>, Arc<Pipes>>>,
+    nodes: RwLock<HashMap<Arc<str>, Arc<Pipes>>>,
     last_refresh: Mutex<Option<Instant>>,
     refreshing: AtomicBool,
 }
@@ -64,7 +64,7 @@ impl ClusterPipes {
             config: config.clone(),
             seeds,
             slots: RwLock::new(vec![None; SLOTS]),
-            nodes: Mutex::new(HashMap::new()),
+            nodes: RwLock::new(HashMap::new()),
             last_refresh: Mutex::new(None),
             refreshing: AtomicBool::new(false),
         }
@@ -72,14 +72,17 @@ impl ClusterPipes {
 
     /// Every thread opens new connections to every node on its next call.
     pub fn reconnect(&self) {
-        for pipes in self.nodes.lock().values() {
+        for pipes in self.nodes.read().values() {
             pipes.reconnect();
         }
     }
 
     fn pipes(&self, addr: &Arc<str>) -> Arc<Pipes> {
+        if let Some(pipes) = self.nodes.read().get(addr) {
+            return pipes.clone();
+        }
         self.nodes
-            .lock()
+            .write()
             .entry(addr.clone())
             .or_insert_with(|| Arc::new(Pipes::new(addr.to_string(), &self.config)))
             .clone()
@@ -205,7 +208,7 @@ impl ClusterPipes {
     }
 
     async fn refresh_from_any(&self, deadline: Instant) -> Result<(), ClusterError> {
-        let mut candidates: Vec<Arc<str>> = self.nodes.lock().keys().cloned().collect();
+        let mut candidates: Vec<Arc<str>> = self.nodes.read().keys().cloned().collect();
         for seed in &self.seeds {
             if !candidates.iter().any(|c| c.as_ref() == seed.as_str()) {
                 candidates.push(Arc::from(seed.as_str()));
