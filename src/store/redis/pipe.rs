@@ -26,16 +26,17 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use fred::prelude::Value;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
-/// A connection to Redis: plain TCP or TLS over it.
-trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
-type Conn = Box<dyn Stream>;
+/// A connection to Redis: plain TCP, or TLS over it.
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
 
 /// How long a thread whose connect failed fails its calls at once before trying again.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
@@ -285,59 +286,78 @@ impl Pipes {
             Err(_) => return Err(format!("connect {addr}: timed out")),
         };
         let _ = tcp.set_nodelay(true);
-        let mut stream: Conn = match tls {
-            None => Box::new(tcp),
+        let mut stream = match tls {
+            None => Conn::Plain(tcp),
             Some((connector, name)) => {
                 let handshake = connector.connect(name, tcp);
                 match tokio::time::timeout(self.connect_timeout, handshake).await {
-                    Ok(Ok(s)) => Box::new(s),
+                    Ok(Ok(s)) => Conn::Tls(Box::new(s)),
                     Ok(Err(e)) => return Err(format!("tls {addr}: {e}")),
                     Err(_) => return Err(format!("tls {addr}: timed out")),
                 }
             }
         };
         if self.hello_replies > 0 {
-            let hello = async {
-                stream
-                    .write_all(&self.hello)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let mut buf = BytesMut::with_capacity(256);
-                for _ in 0..self.hello_replies {
-                    loop {
-                        match parse(&mut buf) {
-                            Ok(Some(Ok(_))) => break,
-                            Ok(Some(Err(e))) => return Err(e),
-                            Ok(None) => {}
-                            Err(e) => return Err(e),
-                        }
-                        if stream.read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
-                            return Err("connection closed during AUTH/SELECT".to_string());
-                        }
-                    }
-                }
-                Ok::<(), String>(())
+            let said = match &mut stream {
+                Conn::Plain(s) => self.hello(s).await,
+                Conn::Tls(s) => self.hello(s.as_mut()).await,
             };
-            match tokio::time::timeout(self.connect_timeout, hello).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(format!("redis refused the connection: {e}")),
-                Err(_) => return Err("AUTH/SELECT timed out".to_string()),
-            }
+            said?;
         }
-        let (read, write) = tokio::io::split(stream);
         let (calls_tx, calls_rx) = mpsc::unbounded_channel();
         let (order_tx, order_rx) = mpsc::unbounded_channel();
         let broken = Arc::new(AtomicBool::new(false));
-        tokio::spawn(writer(write, calls_rx, order_tx));
-        tokio::spawn(reader(read, order_rx, broken.clone()));
+        // Plain TCP splits into owned halves (no lock between them); TLS needs tokio's split.
+        match stream {
+            Conn::Plain(tcp) => {
+                let (read, write) = tcp.into_split();
+                tokio::spawn(writer(write, calls_rx, order_tx));
+                tokio::spawn(reader(read, order_rx, broken.clone()));
+            }
+            Conn::Tls(tls) => {
+                let (read, write) = tokio::io::split(*tls);
+                tokio::spawn(writer(write, calls_rx, order_tx));
+                tokio::spawn(reader(read, order_rx, broken.clone()));
+            }
+        }
         Ok((calls_tx, broken))
+    }
+
+    /// `AUTH` / `SELECT` on a new connection, within the connect timeout.
+    async fn hello<S: AsyncRead + AsyncWrite + Unpin>(&self, stream: &mut S) -> Result<(), String> {
+        let hello = async {
+            stream
+                .write_all(&self.hello)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut buf = BytesMut::with_capacity(256);
+            for _ in 0..self.hello_replies {
+                loop {
+                    match parse(&mut buf) {
+                        Ok(Some(Ok(_))) => break,
+                        Ok(Some(Err(e))) => return Err(e),
+                        Ok(None) => {}
+                        Err(e) => return Err(e),
+                    }
+                    if stream.read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
+                        return Err("connection closed during AUTH/SELECT".to_string());
+                    }
+                }
+            }
+            Ok::<(), String>(())
+        };
+        match tokio::time::timeout(self.connect_timeout, hello).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!("redis refused the connection: {e}")),
+            Err(_) => Err("AUTH/SELECT timed out".to_string()),
+        }
     }
 }
 
 /// Sends every call queued since the last write in one write; hands the reply slots to the
 /// reader in the same order.
-async fn writer(
-    mut socket: WriteHalf<Conn>,
+async fn writer<W: AsyncWrite + Unpin>(
+    mut socket: W,
     mut calls: mpsc::UnboundedReceiver<Call>,
     order: mpsc::UnboundedSender<Slot>,
 ) {
@@ -362,8 +382,8 @@ async fn writer(
 
 /// Answers the calls in order from the replies on the socket; on a broken connection, fails
 /// every call still waiting.
-async fn reader(
-    mut socket: ReadHalf<Conn>,
+async fn reader<R: AsyncRead + Unpin>(
+    mut socket: R,
     mut order: mpsc::UnboundedReceiver<Slot>,
     broken: Arc<AtomicBool>,
 ) {
