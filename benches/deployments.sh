@@ -54,30 +54,6 @@ redis-cli --cluster create 127.0.0.1:$C1 127.0.0.1:$C2 127.0.0.1:$C3 --cluster-r
 for _ in $(seq 100); do redis-cli -p "$C1" CLUSTER INFO | grep -q cluster_state:ok && break; sleep 0.1; done
 for _ in $(seq 100); do redis-cli -p "$SENT" SENTINEL get-master-addr-by-name vq >/dev/null 2>&1 && break; sleep 0.1; done
 
-start_gw() { # name backend url -> sets GW_<name>
-  local name=$1 backend=$2 url=$3 gw admin
-  gw=$(port); admin=$(port)
-  cat > "$WORK/$name.toml" <<TOML
-[server]
-listen = "127.0.0.1:$gw"
-admin_listen = "127.0.0.1:$admin"
-threads = $GW_THREADS
-log_format = "json"
-[upstream]
-address = "127.0.0.1:$UP"
-[store]
-backend = "$backend"
-redis_url = "$url"
-[queue]
-tick_ms = 3600000
-max_capacity = 10000000
-[flag]
-enabled = true
-TOML
-  RUST_LOG=error ./target/release/vq-gateway serve --config "$WORK/$name.toml" 2>"$WORK/$name.log" & PIDS+=($!)
-  for _ in $(seq 100); do curl -sf "127.0.0.1:$admin/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
-  printf -v "GW_$name" '%s' "$gw"
-}
 start_gw memory memory "redis://127.0.0.1:$SINGLE"
 start_gw single redis "redis://127.0.0.1:$SINGLE"
 start_gw sentinel redis "redis-sentinel://127.0.0.1:$SENT?sentinelServiceName=vq"

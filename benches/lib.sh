@@ -42,3 +42,30 @@ total = re.search(r"(\d+) requests in", t).group(1)
 print(f"{rps:.0f} {ms('50%'):.2f} {ms('99%'):.2f} {non2xx.group(1) if non2xx else 0} {total}")
 PY
 }
+
+# start_gw NAME BACKEND REDIS_URL — a release gateway (GW_THREADS proxy threads, upstream on UP,
+# a tick long enough that the pump never admits during a run) on free ports; sets GW_<NAME>.
+start_gw() {
+  local name=$1 backend=$2 url=$3 gw admin
+  gw=$(port); admin=$(port)
+  cat > "$WORK/$name.toml" <<TOML
+[server]
+listen = "127.0.0.1:$gw"
+admin_listen = "127.0.0.1:$admin"
+threads = $GW_THREADS
+log_format = "json"
+[upstream]
+address = "127.0.0.1:$UP"
+[store]
+backend = "$backend"
+redis_url = "$url"
+[queue]
+tick_ms = 3600000
+max_capacity = 10000000
+[flag]
+enabled = true
+TOML
+  RUST_LOG=error ./target/release/vq-gateway serve --config "$WORK/$name.toml" 2>"$WORK/$name.log" & PIDS+=($!)
+  for _ in $(seq 100); do curl -sf "127.0.0.1:$admin/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+  printf -v "GW_$name" '%s' "$gw"
+}

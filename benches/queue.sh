@@ -21,32 +21,8 @@ redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --dir "$WOR
 python3 -m http.server "$UP" --bind 127.0.0.1 >/dev/null 2>&1 & PIDS+=($!)
 export VQ_TOKEN_SECRET="bench-secret-0123456789abcdefghijklmnop"
 
-start_gw() { # name backend -> sets GW_<name> (port)
-  local name=$1 backend=$2 gw admin
-  gw=$(port); admin=$(port)
-  cat > "$WORK/$name.toml" <<TOML
-[server]
-listen = "127.0.0.1:$gw"
-admin_listen = "127.0.0.1:$admin"
-threads = $GW_THREADS
-log_format = "json"
-[upstream]
-address = "127.0.0.1:$UP"
-[store]
-backend = "$backend"
-redis_url = "redis://127.0.0.1:$RP"
-[queue]
-tick_ms = 3600000
-max_capacity = 10000000
-[flag]
-enabled = true
-TOML
-  RUST_LOG=error ./target/release/vq-gateway serve --config "$WORK/$name.toml" 2>"$WORK/$name.log" & PIDS+=($!)
-  for _ in $(seq 100); do curl -sf "127.0.0.1:$admin/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
-  printf -v "GW_$name" '%s' "$gw"
-}
-start_gw mem memory
-start_gw redis redis
+start_gw mem memory "redis://127.0.0.1:$RP"
+start_gw redis redis "redis://127.0.0.1:$RP"
 
 WRK_THREADS=2
 run_wrk() { wrk_line "$1" -s "$2"; } # url script -> "rps p50 p99 non2xx total"

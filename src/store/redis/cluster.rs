@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use fred::prelude::Value;
 use parking_lot::{Mutex, RwLock};
 
-use super::pipe::{PipeError, Pipes};
+use super::pipe::{hosts, PipeError, Pipes};
 
 /// Hash slots in a Redis Cluster.
 const SLOTS: usize = 16384;
@@ -54,15 +54,9 @@ pub enum ClusterError {
 
 impl ClusterPipes {
     pub fn new(config: &fred::types::config::Config) -> ClusterPipes {
-        let seeds = config
-            .server
-            .hosts()
-            .iter()
-            .map(|s| format!("{}:{}", s.host, s.port))
-            .collect();
         ClusterPipes {
             config: config.clone(),
-            seeds,
+            seeds: hosts(config),
             slots: RwLock::new(vec![None; SLOTS]),
             nodes: RwLock::new(HashMap::new()),
             last_refresh: Mutex::new(None),
@@ -138,7 +132,9 @@ impl ClusterPipes {
                         None => return Err(ClusterError::Unavailable(error)),
                     };
                     if kind == "MOVED" {
-                        self.slots.write()[slot] = Some(to);
+                        if let Some(owner) = self.slots.write().get_mut(slot) {
+                            *owner = Some(to);
+                        }
                         self.refresh_soon(deadline).await;
                     } else {
                         asking = Some(to);
@@ -162,10 +158,15 @@ impl ClusterPipes {
         }
     }
 
+    /// The node serving `slot` as last learned.
+    fn owner(&self, slot: usize) -> Option<Arc<str>> {
+        self.slots.read().get(slot).cloned().flatten()
+    }
+
     /// The node serving `slot`, asking for the map first if it is not known.
     async fn node_for(&self, slot: usize, deadline: Instant) -> Result<Arc<str>, ClusterError> {
         loop {
-            if let Some(addr) = self.slots.read()[slot].clone() {
+            if let Some(addr) = self.owner(slot) {
                 return Ok(addr);
             }
             if self.refreshing.load(Ordering::Acquire) {
@@ -177,8 +178,8 @@ impl ClusterPipes {
                 continue;
             }
             self.refresh(deadline).await?;
-            return self.slots.read()[slot]
-                .clone()
+            return self
+                .owner(slot)
                 .ok_or_else(|| ClusterError::Unavailable(format!("slot {slot} is not served")));
         }
     }

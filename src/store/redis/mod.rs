@@ -148,11 +148,6 @@ impl RedisStore {
         })
     }
 
-    /// The kind of deployment `store.redis_url` names.
-    pub fn deployment(&self) -> &Deployment {
-        &self.deployment
-    }
-
     /// Starts the connection task and waits up to `wait` for a first connection, then loads the
     /// scripts. Returns whether Redis was reached; either way start-up is over afterwards and the
     /// client keeps reconnecting in the background. Call it from a runtime that lives as long as

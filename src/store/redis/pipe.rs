@@ -114,12 +114,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 impl Pipes {
     /// Connections to the server of a single-server `config`.
     pub fn for_config(config: &fred::types::config::Config) -> Pipes {
-        let addr = config
-            .server
-            .hosts()
-            .first()
-            .map(|s| format!("{}:{}", s.host, s.port))
-            .unwrap_or_default();
+        let addr = hosts(config).into_iter().next().unwrap_or_default();
         Pipes::new(addr, config)
     }
 
@@ -427,6 +422,16 @@ async fn reader<R: AsyncRead + Unpin>(
     while let Ok((_, slot)) = order.try_recv() {
         let _ = slot.send(Err(PipeError::Unavailable(error.clone())));
     }
+}
+
+/// The servers a fred `config` names, as `host:port`.
+pub fn hosts(config: &fred::types::config::Config) -> Vec<String> {
+    config
+        .server
+        .hosts()
+        .iter()
+        .map(|s| format!("{}:{}", s.host, s.port))
+        .collect()
 }
 
 /// Appends one command as a RESP array of bulk strings.

@@ -17,7 +17,7 @@ use fred::prelude::Value;
 use fred::types::config::{Config, ServerConfig};
 use parking_lot::RwLock;
 
-use super::pipe::Pipes;
+use super::pipe::{self, Pipes};
 
 /// How often the sentinels are asked.
 const CHECK_EVERY: Duration = Duration::from_millis(100);
@@ -43,10 +43,10 @@ impl SentinelWatch {
     /// `None` unless `config` is a Sentinel configuration.
     pub fn new(config: &Config, client: Client) -> Option<SentinelWatch> {
         let ServerConfig::Sentinel {
-            hosts,
             service_name,
             username,
             password,
+            ..
         } = &config.server
         else {
             return None;
@@ -56,9 +56,9 @@ impl SentinelWatch {
         own.username = username.clone();
         own.password = password.clone();
         own.database = None;
-        let sentinels = hosts
-            .iter()
-            .map(|s| Pipes::new(format!("{}:{}", s.host, s.port), &own))
+        let sentinels = pipe::hosts(config)
+            .into_iter()
+            .map(|addr| Pipes::new(addr, &own))
             .collect();
         Some(SentinelWatch {
             service: service_name.clone(),

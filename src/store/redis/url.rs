@@ -26,16 +26,6 @@ pub enum Deployment {
     Cluster,
 }
 
-impl Deployment {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Deployment::Single => "single",
-            Deployment::Sentinel { .. } => "sentinel",
-            Deployment::Cluster => "cluster",
-        }
-    }
-}
-
 /// A checked `store.redis_url`.
 #[derive(Debug, Clone)]
 pub struct RedisUrl {
