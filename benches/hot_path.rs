@@ -64,6 +64,7 @@ fn reply(c: &mut Criterion) {
                 seq: black_box(41_234),
                 ahead: 1_234,
                 eta_seconds: 25,
+                poll_after_seconds: 12,
             });
             serde_json::to_vec(&r)
         })

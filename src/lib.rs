@@ -7,7 +7,8 @@
 //! - `clock`    — the one clock: wall time for requests, `Clock` (real or virtual) for the pump.
 //! - `config`   — TOML file (`file.rs`, serde enums) → validated (`check.rs`) `Config`, one typed
 //!   part per subsystem (SPEC §8).
-//! - `cli`      — `serve`, `check-config`, `flag show|set`.
+//! - `cli`      — `serve`, `check-config`, `flag show|set`, `target`, `simulate`,
+//!   `record-backend`.
 //! - `ops`      — the `flag` commands: read and write `queue:flag` in Redis.
 //! - `server`   — builds the Pingora server: ports, upstream, store, services and their order.
 //! - `gateway`  — the public listener (`ProxyHttp`): `route` (classification, `ApiOp`),
@@ -33,6 +34,8 @@
 //! - `pump`     — admission pump background service: lock, advance, sweep (SPEC §5). Depends on
 //!   `store`, `clock`, `failopen` and `metrics` only; `tests/simulation.rs` drives it in virtual
 //!   time.
+//! - `sim`      — `simulate` (a sale start played against a URL: report, chart, summary) and
+//!   `record-backend` (the recording stand-in for the backend). Talks HTTP only.
 //! - `metrics`  — Prometheus registry and families (SPEC §10).
 //! - `error`    — `ApiError` → status + JSON body.
 //! - `logging`  — tracing subscriber (text or JSON).
@@ -67,6 +70,7 @@ pub mod queue;
 pub mod registry;
 pub mod routing;
 pub mod server;
+pub mod sim;
 pub mod store;
 pub mod token;
 

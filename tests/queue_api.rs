@@ -112,7 +112,14 @@ fn enter_poll_leave_reenter() {
         assert_eq!(v["status"], "WAITING");
         assert_eq!(v["position"], 1);
         assert_eq!(v["aheadCount"], 0);
-        assert!(v["etaSeconds"].as_u64().is_some());
+        let eta = v["etaSeconds"].as_u64().unwrap();
+        // The additive poll hint: at least a tick (1 s at least), at most the ETA.
+        let tick_s = e.gw.config.queue.tick_ms.div_ceil(1000).max(1);
+        assert_eq!(
+            v["pollAfterSeconds"].as_u64(),
+            Some(tick_s.max(eta / 2)),
+            "{v}"
+        );
         assert_eq!(v["entryToken"], Value::Null);
         assert_eq!(v["tokenExpiresAt"], Value::Null);
         assert_eq!(r.header("content-type"), Some("application/json"));

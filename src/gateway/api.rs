@@ -18,7 +18,8 @@ use crate::failopen::FailOpenMode;
 use crate::identity::IdentityError;
 use crate::queue::stats_cache::Lookup;
 use crate::queue::{
-    eta_seconds, EntryStatus, QueueEntryResponse, QueueStats, QueueStatsResponse, QueueTarget,
+    eta_seconds, poll_after_seconds, EntryStatus, QueueEntryResponse, QueueStats,
+    QueueStatsResponse, QueueTarget,
 };
 use crate::registry::Standing;
 use crate::store::{EnterOutcome, Now, PollOutcome, QueueStore, StoreError, TokenCandidate};
@@ -134,15 +135,13 @@ fn entry(status: EntryStatus) -> Reply {
 }
 
 fn waiting(state: &AppState, seq: u64, ahead: u64) -> Reply {
-    let eta = eta_seconds(
-        ahead,
-        state.config.queue.batch_size.get(),
-        state.config.queue.tick,
-    );
+    let q = &state.config.queue;
+    let eta = eta_seconds(ahead, q.batch_size.get(), q.tick);
     entry(EntryStatus::Waiting {
         seq,
         ahead,
         eta_seconds: eta,
+        poll_after_seconds: poll_after_seconds(eta, q.tick, q.heartbeat_timeout),
     })
 }
 

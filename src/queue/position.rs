@@ -32,6 +32,17 @@ pub fn eta_seconds(ahead: u64, batch_size: u32, tick: Duration) -> u64 {
     ticks.saturating_mul(ms).div_ceil(1000)
 }
 
+/// When a waiting user should poll next (the `pollAfterSeconds` hint): half the ETA, so each poll
+/// halves the rest of the wait and the user learns of an admission about a tick late at most;
+/// never sooner than one tick (no admission can happen sooner) and never later than a third of
+/// the heartbeat timeout (the poll is the heartbeat: a user who follows the hint is never
+/// evicted).
+pub fn poll_after_seconds(eta_seconds: u64, tick: Duration, heartbeat_timeout: Duration) -> u64 {
+    let floor = super::millis(tick).div_ceil(1000).max(1);
+    let ceiling = (heartbeat_timeout.as_secs() / 3).max(floor);
+    (eta_seconds / 2).clamp(floor, ceiling)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,5 +72,18 @@ mod tests {
             eta_seconds(u64::MAX, 1, Duration::from_secs(3600)),
             u64::MAX / 1000 + 1
         );
+    }
+
+    #[test]
+    fn poll_hint_halves_the_eta_within_a_tick_and_a_third_of_the_heartbeat_timeout() {
+        let (tick, hb) = (Duration::from_secs(2), Duration::from_secs(60));
+        assert_eq!(poll_after_seconds(2, tick, hb), 2);
+        assert_eq!(poll_after_seconds(9, tick, hb), 4);
+        assert_eq!(poll_after_seconds(36, tick, hb), 18);
+        assert_eq!(poll_after_seconds(3600, tick, hb), 20);
+        let fast = Duration::from_millis(300);
+        assert_eq!(poll_after_seconds(0, fast, hb), 1);
+        // A heartbeat timeout shorter than three ticks: the tick wins.
+        assert_eq!(poll_after_seconds(100, tick, Duration::from_secs(3)), 2);
     }
 }

@@ -11,6 +11,7 @@ pub enum EntryStatus {
         seq: u64,
         ahead: u64,
         eta_seconds: u64,
+        poll_after_seconds: u64,
     },
     /// Admitted by the pump; `token` is the stored, idempotent entry token.
     Admitted { token: String, expires_at: u64 },
@@ -30,6 +31,9 @@ pub struct QueueEntryResponse {
     pub eta_seconds: Option<u64>,
     pub entry_token: Option<String>,
     pub token_expires_at: Option<String>,
+    /// When to poll next, in seconds (additive; only while `WAITING`): see
+    /// `position::poll_after_seconds`, or the retry hint of a degraded answer.
+    pub poll_after_seconds: Option<u64>,
     /// Answered while the shared store was unavailable (per `fail_open.mode`).
     pub degraded: bool,
 }
@@ -43,13 +47,14 @@ impl QueueEntryResponse {
 
 impl From<EntryStatus> for QueueEntryResponse {
     fn from(s: EntryStatus) -> Self {
-        let waiting = |seq, ahead, eta| QueueEntryResponse {
+        let waiting = |seq, ahead, eta, poll| QueueEntryResponse {
             status: "WAITING",
             position: Some(seq),
             ahead_count: Some(ahead),
             eta_seconds: Some(eta),
             entry_token: None,
             token_expires_at: None,
+            poll_after_seconds: Some(poll),
             degraded: false,
         };
         let with_token = |status, token, exp| QueueEntryResponse {
@@ -59,6 +64,7 @@ impl From<EntryStatus> for QueueEntryResponse {
             eta_seconds: None,
             entry_token: Some(token),
             token_expires_at: Some(iso8601_utc(exp)),
+            poll_after_seconds: None,
             degraded: false,
         };
         match s {
@@ -66,7 +72,8 @@ impl From<EntryStatus> for QueueEntryResponse {
                 seq,
                 ahead,
                 eta_seconds,
-            } => waiting(seq, ahead, eta_seconds),
+                poll_after_seconds,
+            } => waiting(seq, ahead, eta_seconds, poll_after_seconds),
             EntryStatus::Admitted { token, expires_at } => {
                 with_token("ADMITTED", token, expires_at)
             }
@@ -80,6 +87,7 @@ impl From<EntryStatus> for QueueEntryResponse {
                 eta_seconds: Some(eta_seconds),
                 entry_token: None,
                 token_expires_at: None,
+                poll_after_seconds: Some(eta_seconds),
                 degraded: true,
             },
         }
@@ -165,13 +173,14 @@ mod tests {
             seq: 17,
             ahead: 16,
             eta_seconds: 2,
+            poll_after_seconds: 2,
         }
         .into();
         let v = serde_json::to_value(r).unwrap();
         assert_eq!(
             v,
             serde_json::json!({"status":"WAITING","position":17,"aheadCount":16,"etaSeconds":2,
-                "entryToken":null,"tokenExpiresAt":null,"degraded":false})
+                "entryToken":null,"tokenExpiresAt":null,"pollAfterSeconds":2,"degraded":false})
         );
     }
 
@@ -186,7 +195,8 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!({"status":"ADMITTED","position":null,"aheadCount":null,"etaSeconds":null,
-                "entryToken":"t","tokenExpiresAt":"2026-07-09T10:00:00Z","degraded":false})
+                "entryToken":"t","tokenExpiresAt":"2026-07-09T10:00:00Z","pollAfterSeconds":null,
+                "degraded":false})
         );
     }
 
@@ -197,7 +207,7 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!({"status":"WAITING","position":null,"aheadCount":null,"etaSeconds":2,
-                "entryToken":null,"tokenExpiresAt":null,"degraded":true})
+                "entryToken":null,"tokenExpiresAt":null,"pollAfterSeconds":2,"degraded":true})
         );
     }
 
