@@ -1,5 +1,5 @@
 //! The shipped nginx-lb configuration (`docker/nginx.conf`), run with real nginx in front of two
-//! gateway processes, with its addresses replaced by local ports: the user id comes from the
+//! gateway processes (`common::nginx`), with its addresses replaced by local ports: the user id comes from the
 //! auth service only, a client's own `X-User-Id` never reaches the gateway, and purchases are not
 //! retried on another replica.
 
@@ -7,75 +7,8 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-
+use common::nginx::Nginx;
 use common::*;
-
-struct Nginx {
-    child: Child,
-    pub addr: std::net::SocketAddr,
-    _dir: TempDir,
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts nginx on `docker/nginx.conf` with `gateway-1/2` and `auth` pointed at local ports.
-fn nginx(gateways: [std::net::SocketAddr; 2], auth: std::net::SocketAddr) -> Nginx {
-    let shipped =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docker/nginx.conf")).unwrap();
-    let port = free_port();
-    let conf = shipped
-        .replace("gateway-1:8080", &gateways[0].to_string())
-        .replace("gateway-2:8080", &gateways[1].to_string())
-        .replace("server auth:8081;", &format!("server {auth};"))
-        .replace("listen 80;", &format!("listen 127.0.0.1:{port};"))
-        .replace("worker_processes auto;", "worker_processes 1;");
-    assert_ne!(conf, shipped);
-    let dir = TempDir::new("nginx");
-    let path = dir.0.join("nginx.conf");
-    std::fs::write(&path, conf).unwrap();
-    // Debian installs it in /usr/sbin, which a non-root PATH may not hold.
-    let bin = ["/usr/sbin/nginx", "/usr/local/sbin/nginx"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .unwrap_or("nginx");
-    let child = Command::new(bin)
-        .arg("-c")
-        .arg(&path)
-        .arg("-p")
-        .arg(&dir.0)
-        .arg("-e")
-        .arg(dir.0.join("error.log"))
-        .arg("-g")
-        .arg(format!(
-            "daemon off; pid {};",
-            dir.0.join("nginx.pid").display()
-        ))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("nginx must be installed (apt-get install nginx-light)");
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    assert!(
-        wait_until(Duration::from_secs(10), || std::net::TcpStream::connect(
-            addr
-        )
-        .is_ok()),
-        "nginx did not start: {}",
-        std::fs::read_to_string(dir.0.join("error.log")).unwrap_or_default()
-    );
-    Nginx {
-        child,
-        addr,
-        _dir: dir,
-    }
-}
 
 #[test]
 fn the_user_id_comes_from_the_session_only() {
@@ -86,7 +19,7 @@ fn the_user_id_comes_from_the_session_only() {
     cfg.store.backend = StoreKind::Redis;
     cfg.store.redis_url = redis.url();
     let gws = [GatewayProc::start(cfg.clone()), GatewayProc::start(cfg)];
-    let lb = nginx([gws[0].listen, gws[1].listen], auth.addr);
+    let lb = Nginx::start(&[gws[0].listen, gws[1].listen], auth.addr);
     let mut c = Client::connect(lb.addr);
     // A session for user 1001; the client claims to be 5.
     let r = c
@@ -146,9 +79,12 @@ fn the_user_id_comes_from_the_session_only() {
 
 #[test]
 fn a_failed_purchase_is_answered_not_sent_again() {
-    let shipped =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docker/nginx.conf")).unwrap();
-    let retry = shipped
+    // Only the queue API (whose POST is idempotent per user) may be sent to another replica
+    // after it reached one; the rest of the site may not.
+    let shipped = common::nginx::shipped_config();
+    let site = shipped.split("location / {").nth(1).unwrap();
+    let site = site.split('}').next().unwrap();
+    let retry = site
         .lines()
         .find(|l| l.trim_start().starts_with("proxy_next_upstream "))
         .unwrap();
@@ -158,7 +94,7 @@ fn a_failed_purchase_is_answered_not_sent_again() {
     let mut cfg = test_config(backend.addr);
     cfg.flag.enabled = false;
     let gws = [GatewayProc::start(cfg.clone()), GatewayProc::start(cfg)];
-    let lb = nginx([gws[0].listen, gws[1].listen], auth.addr);
+    let lb = Nginx::start(&[gws[0].listen, gws[1].listen], auth.addr);
     // The backend fails after receiving the purchase: nginx hands that answer back and does not
     // send the POST to the other replica.
     let r = Client::connect(lb.addr)

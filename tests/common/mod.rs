@@ -14,6 +14,7 @@
 pub mod deploy;
 pub mod http;
 pub mod load;
+pub mod nginx;
 pub mod raw;
 pub mod redis;
 pub mod upstream;
