@@ -102,12 +102,12 @@ worst = max(s["maxPerTicks"][9] / (10 * s["budgetPerTick"]) for s in sales)
 print(f"| {sys.argv[2]}/s | {r['spikeEnterRate']:.0f}/s | {p95('enter'):.0f} ms | {p95('poll'):.0f} ms | "
       f"{e.get('poll', {}).get('p99Ms', 0):.0f} ms | {r['errors']['fiveXx']} | {r['errors']['noAnswer']} | "
       f"{r['users']['arrived']} | {r['backend']['purchases']} | {worst:.2f} | "
-      f"{r['etaError']['p50'] * 100:.0f} % |")
+      f"{r['etaError']['p50'] * 100:.0f} % | {r['backend']['lagTicks']} | {r['clientQueueMs']['p95']:.0f} ms |")
 PY
   for p in "${run_pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait "${run_pids[@]}" 2>/dev/null || true
 }
 
-echo "| spike | enters achieved | enter p95 | poll p95 | poll p99 | 5xx | no answer | users | purchases | most in 10 ticks / budget | ETA error (median) |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| spike | enters achieved | enter p95 | poll p95 | poll p99 | 5xx | no answer | users | purchases | most in 10 ticks / budget | ETA error (median) | buyers late (ticks) | simulator queue p95 |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for rate in "${RATES[@]}"; do run "$rate"; done

@@ -164,6 +164,9 @@ pub struct Report {
     pub endpoints: BTreeMap<&'static str, Latency>,
     pub errors: Errors,
     pub degraded_answers: u64,
+    /// Milliseconds requests waited for one of the simulator's `--connections` (not part of the
+    /// latencies above): when this grows, the simulator is the bottleneck, not the target.
+    pub client_queue_ms: Spread,
     /// Seconds from arrival to the first answer with a token.
     pub time_to_admission_s: Spread,
     /// Relative ETA error (0.1 = 10 %).
@@ -401,6 +404,7 @@ impl Report {
             endpoints,
             errors,
             degraded_answers: requests().filter(|r| r.degraded).count() as u64,
+            client_queue_ms: spread(requests().map(|r| r.queued_us as f64 / 1000.0).collect()),
             time_to_admission_s,
             eta_error,
             fifo_inversions: fifo,
@@ -450,6 +454,17 @@ impl Report {
         line(format!(
             "errors: {} 5xx, {} without an answer; {} degraded answers",
             self.errors.five_xx, self.errors.no_answer, self.degraded_answers
+        ));
+        let q = &self.client_queue_ms;
+        line(format!(
+            "requests waited for a simulator connection: p95 {:.1} ms, max {:.1} ms{}",
+            q.p95,
+            q.max,
+            if q.p95 > 10.0 {
+                " (the simulator is the limit: raise --connections or give it more CPU)"
+            } else {
+                ""
+            }
         ));
         let a = &self.time_to_admission_s;
         line(format!(

@@ -86,6 +86,10 @@ pub struct Req {
     /// Since the start of the run.
     pub start_ms: u64,
     pub latency_us: u64,
+    /// How long the request waited for one of the simulator's connections before it was sent
+    /// (not in `latency_us`): above a few milliseconds the simulator, not the target, is the
+    /// limit.
+    pub queued_us: u64,
     /// 0: no answer (refused, reset, timed out).
     pub status: u16,
     /// Answered without the shared store (`"degraded": true`).
@@ -191,9 +195,11 @@ impl Ctx {
         path: &str,
         token: Option<&str>,
     ) -> (u16, Value) {
+        let asked = Instant::now();
         let Ok(_permit) = self.permits.acquire().await else {
             return (0, Value::Null);
         };
+        let queued_us = asked.elapsed().as_micros() as u64;
         let mut req = self.client.request(method, format!("{}{path}", self.base));
         req = match &self.identity {
             Identity::Header => req.header("x-user-id", trace.user.to_string()),
@@ -226,6 +232,7 @@ impl Ctx {
             op,
             start_ms,
             latency_us: started.elapsed().as_micros() as u64,
+            queued_us,
             status,
             degraded: body["degraded"] == true,
         });
