@@ -253,3 +253,104 @@ fn a_sale_through_nginx_and_three_gateways_survives_a_kill_a_rolling_restart_and
         "nginx never saw the killed replica"
     );
 }
+
+/// `simulate` against an https URL (TLS terminated by nginx in front of one gateway): it checks
+/// the certificate against the CAs it is told to trust (`SSL_CERT_FILE`). Trusting the right CA,
+/// the sale runs; trusting another, no request gets an answer, and the report says so.
+#[test]
+fn simulate_speaks_https_and_trusts_only_the_given_certificates() {
+    let certs = TestCerts::new();
+    let other = TestCerts::new();
+    let backend = RecordBackend::start();
+    let mut cfg = test_config(backend.addr);
+    cfg.queue.tick_ms = 200;
+    cfg.queue.batch_size = 50;
+    let gw = GatewayProc::start(cfg);
+    let port = free_port();
+    let conf = format!(
+        r#"worker_processes 1;
+events {{}}
+http {{
+    access_log off;
+    server {{
+        listen 127.0.0.1:{port} ssl;
+        ssl_certificate {};
+        ssl_certificate_key {};
+        location / {{
+            proxy_pass http://{};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"#,
+        certs.cert.display(),
+        certs.key.display(),
+        gw.listen
+    );
+    let _tls = Nginx::run(&conf, port);
+    let simulate = |ca: &std::path::Path, first_user: &str| -> Value {
+        let out = TempDir::new("sim-tls");
+        let status = Command::new(bin())
+            .args([
+                "simulate",
+                "--url",
+                &format!("https://127.0.0.1:{port}"),
+                "--spike-rate",
+                "20",
+                "--spike-s",
+                "1",
+                "--tail-rate",
+                "0",
+                "--tail-s",
+                "0",
+                "--abandon",
+                "0",
+                "--leave",
+                "0",
+                "--cheat",
+                "0",
+                "--batch",
+                "50",
+                "--tick-ms",
+                "200",
+                "--max-duration-s",
+                "4",
+                "--first-user",
+                first_user,
+                "--out",
+            ])
+            .arg(&out.0)
+            .env("SSL_CERT_FILE", ca)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        serde_json::from_slice(&std::fs::read(out.0.join("report.json")).unwrap()).unwrap()
+    };
+    let trusted = simulate(&certs.ca, "5000");
+    assert_eq!(
+        u(&trusted["users"]["purchased"]),
+        20,
+        "{}",
+        trusted["users"]
+    );
+    assert_eq!(u(&trusted["errors"]["noAnswer"]), 0);
+    assert_eq!(backend.record().purchases.len(), 20);
+
+    let untrusted = simulate(&other.ca, "6000");
+    assert_eq!(
+        u(&untrusted["users"]["admitted"]),
+        0,
+        "{}",
+        untrusted["users"]
+    );
+    let enters = u(&untrusted["endpoints"]["enter"]["count"]);
+    assert!(enters >= 20);
+    assert_eq!(u(&untrusted["errors"]["noAnswer"]), enters);
+    assert_eq!(
+        backend.record().purchases.len(),
+        20,
+        "nothing more reached the backend"
+    );
+}

@@ -121,7 +121,8 @@ impl FromStr for Sale {
 /// The command line of `simulate`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimArgs {
-    /// Base URL of a gateway, or of the load balancer in front of the replicas.
+    /// Base URL of a gateway, or of the load balancer in front of the replicas (http or https;
+    /// https trusts the system's CA certificates, or those of `SSL_CERT_FILE`).
     #[arg(long)]
     pub url: String,
     /// A sale to queue for (`limited-drop:42`, `ticketing-event:7`); repeat for several, users
@@ -152,6 +153,10 @@ pub struct SimArgs {
     /// Share of users who first try the purchase route without a token and with a forged one.
     #[arg(long, default_value_t = 0.01)]
     pub cheat: f64,
+    /// Poll every this many seconds instead of when `pollAfterSeconds` says (clients that ignore
+    /// the hint).
+    #[arg(long)]
+    pub poll_interval_s: Option<f64>,
     /// Relative jitter on each poll interval (0.2: ±20 %).
     #[arg(long, default_value_t = 0.2)]
     pub jitter: f64,
@@ -194,11 +199,9 @@ impl SimArgs {
     fn validate(&self) -> Result<(), SimError> {
         let usage = |m: &str| Err(SimError::Usage(m.to_string()));
         let share = |x: f64| (0.0..=1.0).contains(&x);
-        if !self.url.starts_with("http://") || self.url.len() <= "http://".len() {
-            return usage("--url must be an http:// URL");
-        }
-        if reqwest::Url::parse(&self.url).is_err() {
-            return usage("--url is not a valid URL");
+        match reqwest::Url::parse(&self.url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+            _ => return usage("--url must be an http:// or https:// URL with a host"),
         }
         if self.sales.is_empty() {
             return usage("at least one --sale");
@@ -224,6 +227,12 @@ impl SimArgs {
         }
         if self.abandon + self.leave > 1.0 {
             return usage("--abandon plus --leave is more than 1");
+        }
+        if self
+            .poll_interval_s
+            .is_some_and(|p| !p.is_finite() || p < 0.05 || p > 3600.0)
+        {
+            return usage("--poll-interval-s must be between 0.05 and 3600");
         }
         if !(0.0..1.0).contains(&self.jitter) {
             return usage("--jitter must be at least 0 and below 1");
@@ -531,9 +540,16 @@ mod tests {
             let e = args(extra).validate().unwrap_err();
             assert!(matches!(e, SimError::Usage(_)), "{extra:?}");
         }
-        let mut a = args(&[]);
-        a.url = "ftp://x".into();
+        for url in ["ftp://x", "http://", "127.0.0.1:8080", "https//x"] {
+            let mut a = args(&[]);
+            a.url = url.into();
+            assert!(a.validate().is_err(), "{url}");
+        }
+        let mut a = args(&["--poll-interval-s", "0"]);
         assert!(a.validate().is_err());
+        a.url = "https://lb.example:8443/".into();
+        a.poll_interval_s = Some(2.0);
+        assert!(a.validate().is_ok());
         assert!(args(&[]).validate().is_ok());
     }
 }

@@ -40,6 +40,8 @@ pub struct Profile {
     pub tail_s: f64,
     pub batch: u64,
     pub tick_ms: u64,
+    /// Polls at a fixed interval instead of `pollAfterSeconds` (absent: the hint).
+    pub poll_interval_s: Option<f64>,
     pub abandon: f64,
     pub leave: f64,
     pub cheat: f64,
@@ -391,6 +393,7 @@ impl Report {
                 tail_s: args.tail_s,
                 batch: args.batch,
                 tick_ms: args.tick_ms,
+                poll_interval_s: args.poll_interval_s,
                 abandon: args.abandon,
                 leave: args.leave,
                 cheat: args.cheat,

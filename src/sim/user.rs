@@ -142,6 +142,7 @@ pub struct Ctx {
     identity: Identity,
     permits: Semaphore,
     jitter: f64,
+    poll_interval_s: Option<f64>,
     pub t0: Instant,
     deadline: Instant,
     pub counts: Counts,
@@ -156,6 +157,7 @@ impl Ctx {
             identity: args.identity.clone(),
             permits: Semaphore::new(args.connections),
             jitter: args.jitter,
+            poll_interval_s: args.poll_interval_s,
             t0,
             deadline,
             counts: Counts::default(),
@@ -239,8 +241,12 @@ impl Ctx {
         (status, body)
     }
 
-    /// `base` seconds with the configured jitter.
-    fn jittered(&self, base: f64, rng: &mut Rng) -> Duration {
+    /// When to poll after a `WAITING` answer: the answer's `pollAfterSeconds` (1 s without
+    /// one) or the fixed `--poll-interval-s`, with the configured jitter.
+    fn next_poll(&self, answer: &Value, rng: &mut Rng) -> Duration {
+        let base = self
+            .poll_interval_s
+            .unwrap_or_else(|| answer["pollAfterSeconds"].as_u64().unwrap_or(1).max(1) as f64);
         let f = 1.0 + self.jitter * (2.0 * rng.unit() - 1.0);
         Duration::from_secs_f64((base * f).max(0.05))
     }
@@ -250,11 +256,6 @@ enum Step {
     Enter,
     Poll { polls: u32 },
     Buy { token: String, tries: u32 },
-}
-
-/// The hint of a `WAITING` answer (seconds), 1 s when it gives none.
-fn poll_after(v: &Value) -> f64 {
-    v["pollAfterSeconds"].as_u64().unwrap_or(1).max(1) as f64
 }
 
 fn token_of(v: &Value) -> Option<(String, bool)> {
@@ -348,7 +349,7 @@ async fn play(
                             step = Step::Poll { polls: 0 };
                         }
                         // Without a position (a degraded answer) the user enters again.
-                        ctx.jittered(poll_after(&v), &mut plan.rng)
+                        ctx.next_poll(&v, &mut plan.rng)
                     }
                     (429, _) => Duration::from_secs(2),
                     _ => Duration::from_secs(1),
@@ -385,7 +386,7 @@ async fn play(
                         if v["position"].as_u64().is_some() {
                             t.last_waiting_sent_ms = Some(sent);
                         }
-                        ctx.jittered(poll_after(&v), &mut plan.rng)
+                        ctx.next_poll(&v, &mut plan.rng)
                     }
                     (404, _) => {
                         t.lost += 1;

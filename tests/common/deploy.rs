@@ -299,11 +299,20 @@ pub struct TlsRedis {
     pub tls_port: u16,
     /// The CA's certificate (PEM): what a client must trust.
     pub ca: std::path::PathBuf,
-    _certs: TempDir,
+    _certs: TestCerts,
 }
 
-impl TlsRedis {
-    pub fn start() -> TlsRedis {
+/// A private CA and a server certificate for `127.0.0.1` signed by it (openssl, P-256).
+pub struct TestCerts {
+    /// The CA's certificate (PEM): what a client must trust.
+    pub ca: std::path::PathBuf,
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    _dir: TempDir,
+}
+
+impl TestCerts {
+    pub fn new() -> TestCerts {
         let certs = TempDir::new("tls");
         let d = |f: &str| certs.0.join(f).to_string_lossy().into_owned();
         let openssl = |args: &[&str]| {
@@ -359,6 +368,20 @@ impl TlsRedis {
             "-extfile",
             &ext,
         ]);
+        TestCerts {
+            ca: certs.0.join("ca.pem"),
+            cert: certs.0.join("server.pem"),
+            key: certs.0.join("server.key"),
+            _dir: certs,
+        }
+    }
+}
+
+impl TlsRedis {
+    pub fn start() -> TlsRedis {
+        let certs = TestCerts::new();
+        let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+        let (cert, key, ca) = (path(&certs.cert), path(&certs.key), path(&certs.ca));
         let tls_port = free_port();
         let port_s = tls_port.to_string();
         let redis = RedisServer::start_with(&[
@@ -376,7 +399,7 @@ impl TlsRedis {
         TlsRedis {
             redis,
             tls_port,
-            ca: certs.0.join("ca.pem"),
+            ca: certs.ca.clone(),
             _certs: certs,
         }
     }

@@ -25,7 +25,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-pub use self::deploy::{RedisCluster, SentinelSet, TlsRedis};
+pub use self::deploy::{RedisCluster, SentinelSet, TestCerts, TlsRedis};
 pub use self::http::{Client, Http, Response};
 pub use self::raw::RawConn;
 pub use self::redis::{RedisServer, Resp};

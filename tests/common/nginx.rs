@@ -43,6 +43,11 @@ impl Nginx {
             conf = conf.replace(&name, &gateways[(k - 1) % gateways.len()].to_string());
         }
         assert!(!conf.contains("gateway-"), "a replica left unmapped");
+        Nginx::run(&conf, port)
+    }
+
+    /// Runs nginx on the configuration `conf`, which listens on `127.0.0.1:port`.
+    pub fn run(conf: &str, port: u16) -> Nginx {
         let dir = TempDir::new("nginx");
         let path = dir.0.join("nginx.conf");
         std::fs::write(&path, conf).unwrap();
