@@ -230,7 +230,7 @@ impl SimArgs {
         }
         if self
             .poll_interval_s
-            .is_some_and(|p| !p.is_finite() || p < 0.05 || p > 3600.0)
+            .is_some_and(|p| !(0.05..=3600.0).contains(&p))
         {
             return usage("--poll-interval-s must be between 0.05 and 3600");
         }
