@@ -5,7 +5,8 @@
 # Redis, `vq-gateway record-backend` behind them, and `vq-gateway simulate` through nginx.
 # Each spike rate given is one run on a fresh Redis and fresh gateways; a table row per run.
 # Usage: [SPIKE_S=10] [TAIL_RATE=0] [TAIL_S=0] [BATCH=500] [TICK_MS=1000] [MAX_S=40]
-#        [SALES="limited-drop:1"] [OUT=target/sale] benches/sale.sh [spike rate/s ...]
+#        [SALES="limited-drop:1"] [POLL_S=seconds: ignore pollAfterSeconds] [OUT=target/sale]
+#        benches/sale.sh [spike rate/s ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATES=("${@:-1000}")
@@ -27,6 +28,7 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 export VQ_TOKEN_SECRET="bench-secret-0123456789abcdefghijklmnop"
 sale_args=()
 for s in $SALES; do sale_args+=(--sale "$s"); done
+if [ -n "${POLL_S:-}" ]; then sale_args+=(--poll-interval-s "$POLL_S"); fi
 
 run() { # rate
   local rate=$1 dir="$OUT/$1" run_pids=() redis backend auth lb gws=()
