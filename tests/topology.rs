@@ -164,13 +164,14 @@ fn a_sale_through_nginx_and_three_gateways_survives_a_kill_a_rolling_restart_and
     at(4000);
     // A rolling deploy of replica 3: stop it gracefully, start a new process on its port.
     let restarted_config = gws[2].config.clone();
-    let restarted_at = epoch_ms();
+    let restart_began = epoch_ms();
     gws[2].signal("TERM");
     assert!(gws[2].wait_exit(Duration::from_secs(10)).is_some());
     gws[2] = GatewayProc::spawn(restarted_config);
     assert!(wait_until(Duration::from_secs(10), || {
         gws[2].client().get("/healthz", &[]).is_ok()
     }));
+    let restart_done = epoch_ms();
     at(6000);
     redis.pause();
     std::thread::sleep(Duration::from_millis(200));
@@ -188,8 +189,9 @@ fn a_sale_through_nginx_and_three_gateways_survives_a_kill_a_rolling_restart_and
         serde_json::from_slice(&std::fs::read(out.0.join("report.json")).unwrap()).unwrap();
     assert!(std::fs::metadata(out.0.join("chart.svg")).unwrap().len() > 1000);
     let started_at = u(&report["startedAtMs"]);
-    let kill_rel = killed_at - started_at;
-    let restart_rel = restarted_at - started_at;
+    // Report times are milliseconds since the simulator's start (signed: it may start late).
+    let rel = |ms: u64| ms as i64 - started_at as i64;
+    let (kill, restart) = (rel(killed_at), (rel(restart_began), rel(restart_done)));
 
     // Errors: only a purchase written to a replica as it died or closed its connections may
     // have failed (nginx does not send a POST that reached one replica to another: a purchase
@@ -199,16 +201,16 @@ fn a_sale_through_nginx_and_three_gateways_survives_a_kill_a_rolling_restart_and
     let excused: Vec<&Value> = samples
         .iter()
         .filter(|e| {
-            let at = u(&e["atMs"]);
-            e["op"] == "purchase"
-                && e["status"] == 502
-                && (at.abs_diff(kill_rel) <= 1000 || at.abs_diff(restart_rel) <= 1000)
+            let at = u(&e["atMs"]) as i64;
+            let near_kill = (kill - 1000..=kill + 1000).contains(&at);
+            let during_restart = (restart.0 - 1000..=restart.1 + 1000).contains(&at);
+            e["op"] == "purchase" && e["status"] == 502 && (near_kill || during_restart)
         })
         .collect();
     assert!(
         excused.len() <= 2 && samples.len() == excused.len(),
-        "errors other than purchases in flight on the killed replica (killed at {kill_rel} ms, \
-         restarted at {restart_rel} ms): {samples:?}"
+        "errors other than purchases in flight on a dying replica (killed at {kill} ms, \
+         restarted {restart:?} ms): {samples:?}"
     );
     assert_eq!(u(&errors["noAnswer"]), 0);
 
@@ -259,9 +261,11 @@ fn a_sale_through_nginx_and_three_gateways_survives_a_kill_a_rolling_restart_and
             10 * BATCH
         );
     }
+    // nginx met the killed replica (a refused connection) and routed around it.
+    let log = lb.error_log();
     assert!(
-        lb.error_log().contains("connect() failed") || lb.error_log().contains("upstream"),
-        "nginx never saw the killed replica"
+        log.contains("Connection refused") || log.contains("prematurely closed"),
+        "nginx never met the killed replica:\n{log}"
     );
 }
 

@@ -60,7 +60,11 @@ fn purchase_sale(method: &Method, path: &str) -> Option<String> {
         ["events", id, "seats", "select"] => ("ticketing-event", *id),
         _ => return None,
     };
-    let valid = !id.is_empty() && id.len() <= 20 && id.bytes().all(|b| b.is_ascii_digit());
+    // A positive decimal id without leading zeros, as the gateway's routes take it.
+    let valid = !id.is_empty()
+        && id.len() <= 20
+        && !id.starts_with('0')
+        && id.bytes().all(|b| b.is_ascii_digit());
     valid.then(|| format!("{kind}:{id}"))
 }
 
@@ -123,8 +127,11 @@ pub async fn serve(listen: SocketAddr) -> std::io::Result<()> {
     loop {
         let (conn, _) = match listener.accept().await {
             Ok(c) => c,
-            // Out of file descriptors and the like: go on accepting the next.
-            Err(_) => continue,
+            // Out of file descriptors and the like: go on accepting after a pause.
+            Err(_) => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
         };
         let _ = conn.set_nodelay(true);
         let state = state.clone();
@@ -167,6 +174,7 @@ mod tests {
         );
         assert_eq!(purchase_sale(&post, "/limited-drops/x/orders"), None);
         assert_eq!(purchase_sale(&post, "/limited-drops//orders"), None);
+        assert_eq!(purchase_sale(&post, "/limited-drops/007/orders"), None);
         assert_eq!(purchase_sale(&post, "/limited-drops/42/orders/1"), None);
     }
 }

@@ -1,6 +1,7 @@
-//! The report's SVG chart: four panels over the seconds of the run — users waiting; admissions
-//! and purchases reaching the backend per second against the budget line; poll latency p50, p95
-//! and p99; enters, polls and errors per second.
+//! The report's SVG chart: four panels over the seconds of the run — users waiting (the
+//! simulator's count, and `/stats` where sampled); admissions and purchases reaching the backend
+//! per second against the budget line; poll latency p50, p95 and p99 (gaps where nobody polled);
+//! enters, polls and errors per second.
 
 use std::path::Path;
 
@@ -14,7 +15,8 @@ const GREEN: RGBColor = RGBColor(44, 160, 44);
 const RED: RGBColor = RGBColor(214, 39, 40);
 const GREY: RGBColor = RGBColor(110, 110, 110);
 
-type Line<'a> = (&'a str, RGBColor, Box<dyn Fn(&Second) -> f64 + 'a>);
+/// A named series: its value in a second, `None` where it has none (drawn as a gap).
+type Line<'a> = (&'a str, RGBColor, Box<dyn Fn(&Second) -> Option<f64> + 'a>);
 
 fn panel(
     area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
@@ -26,7 +28,7 @@ fn panel(
     let x_max = series.len().max(2) as f64 - 1.0;
     let y_max = series
         .iter()
-        .flat_map(|s| lines.iter().map(move |(_, _, f)| f(s)))
+        .flat_map(|s| lines.iter().filter_map(move |(_, _, f)| f(s)))
         .fold(1.0f64, f64::max)
         * 1.1;
     let mut chart = ChartBuilder::on(area)
@@ -44,16 +46,31 @@ fn panel(
         .draw()
         .map_err(|e| e.to_string())?;
     for (name, color, f) in lines {
-        chart
-            .draw_series(LineSeries::new(
-                series.iter().map(|s| (s.t_s as f64, f(s))),
-                color.stroke_width(2),
-            ))
-            .map_err(|e| e.to_string())?
-            .label(name)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-            });
+        // One line per run of seconds that have a value.
+        let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
+        for s in series {
+            match f(s) {
+                Some(y) => {
+                    if let Some(run) = runs.last_mut() {
+                        run.push((s.t_s as f64, y));
+                    }
+                }
+                None => runs.push(Vec::new()),
+            }
+        }
+        runs.retain(|r| !r.is_empty());
+        let mut drawn = None;
+        for run in runs {
+            drawn = Some(
+                chart
+                    .draw_series(LineSeries::new(run, color.stroke_width(2)))
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        let Some(drawn) = drawn else { continue };
+        drawn.label(name).legend(move |(x, y)| {
+            PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+        });
     }
     chart
         .configure_series_labels()
@@ -84,41 +101,59 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     let panels = body.split_evenly((4, 1));
     let s = &report.series;
-    let has_server = s.iter().any(|x| x.waiting_server.is_some());
-    let mut waiting: Vec<Line<'_>> =
-        vec![("waiting (simulator)", BLUE, Box::new(|x| x.waiting as f64))];
-    if has_server {
-        waiting.push((
+    let count = |v: u64| Some(v as f64);
+    let waiting: Vec<Line<'_>> = vec![
+        (
+            "waiting (simulator)",
+            BLUE,
+            Box::new(move |x| count(x.waiting)),
+        ),
+        (
             "waiting (/stats)",
             ORANGE,
-            Box::new(|x| x.waiting_server.unwrap_or(0) as f64),
-        ));
-    }
+            Box::new(|x| x.waiting_server.map(|w| w as f64)),
+        ),
+    ];
     panel(&panels[0], "Users waiting", "users", s, waiting)?;
+    let purchases = if report.backend.source == "record-backend" {
+        "purchases at the backend/s"
+    } else {
+        "purchases answered 2xx/s (simulator)"
+    };
     panel(
         &panels[1],
-        "Admissions and backend purchases against the budget",
+        "Admissions and purchases against the budget",
         "per second",
         s,
         vec![
-            ("admissions/s", BLUE, Box::new(|x| x.admissions as f64)),
-            (
-                "purchases at the backend/s",
-                GREEN,
-                Box::new(|x| x.purchases as f64),
-            ),
-            ("budget/s", RED, Box::new(|x| x.budget)),
+            ("admissions/s", BLUE, Box::new(move |x| count(x.admissions))),
+            (purchases, GREEN, Box::new(move |x| count(x.purchases))),
+            ("budget/s", RED, Box::new(|x| Some(x.budget))),
         ],
     )?;
+    // A second without polls has no latency: a gap, not a zero.
+    let latency = |v: f64, polls: u64| (polls > 0).then_some(v);
     panel(
         &panels[2],
         "Poll latency",
         "ms",
         s,
         vec![
-            ("p50", BLUE, Box::new(|x| x.poll_p50_ms)),
-            ("p95", ORANGE, Box::new(|x| x.poll_p95_ms)),
-            ("p99", RED, Box::new(|x| x.poll_p99_ms)),
+            (
+                "p50",
+                BLUE,
+                Box::new(move |x| latency(x.poll_p50_ms, x.polls)),
+            ),
+            (
+                "p95",
+                ORANGE,
+                Box::new(move |x| latency(x.poll_p95_ms, x.polls)),
+            ),
+            (
+                "p99",
+                RED,
+                Box::new(move |x| latency(x.poll_p99_ms, x.polls)),
+            ),
         ],
     )?;
     panel(
@@ -127,12 +162,12 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), String> {
         "per second",
         s,
         vec![
-            ("enters/s", BLUE, Box::new(|x| x.enters as f64)),
-            ("polls/s", GREY, Box::new(|x| x.polls as f64)),
+            ("enters/s", BLUE, Box::new(move |x| count(x.enters))),
+            ("polls/s", GREY, Box::new(move |x| count(x.polls))),
             (
                 "errors/s (5xx, no answer)",
                 RED,
-                Box::new(|x| x.errors as f64),
+                Box::new(move |x| count(x.errors)),
             ),
         ],
     )?;

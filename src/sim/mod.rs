@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use crate::clock;
-use report::{Report, StatsSample};
+use report::{Report, Run, StatsSample};
 use user::{Ctx, Fate, Plan, Rng, UserTrace};
 
 /// What can go wrong before or after the run (never during it: a failed request is data).
@@ -222,6 +222,20 @@ impl SimArgs {
         if self.planned_users() > 10_000_000 {
             return usage("more than 10,000,000 users: lower the rates or the durations");
         }
+        if self.max_duration_s > 86_400 {
+            return usage("--max-duration-s is at most 86400 (a day)");
+        }
+        if self.spike_s + self.tail_s > self.max_duration_s as f64 {
+            return usage("--spike-s plus --tail-s is longer than --max-duration-s");
+        }
+        if let Some(first) = self.first_user {
+            let last = first.checked_add(self.planned_users());
+            if first == 0 || last.is_none_or(|l| l > i64::MAX as u64) {
+                return usage(
+                    "--first-user must be at least 1, and the last user id at most 2^63 - 1",
+                );
+            }
+        }
         if !share(self.abandon) || !share(self.leave) || !share(self.cheat) {
             return usage("--abandon, --leave and --cheat are shares between 0 and 1");
         }
@@ -330,9 +344,11 @@ async fn simulate(args: &SimArgs) -> Result<Report, SimError> {
         .timeout(Duration::from_millis(args.timeout_ms))
         .build()
         .map_err(|e| SimError::Usage(format!("cannot build the HTTP client: {e}")))?;
+    // By default from the clock: runs started a millisecond apart get disjoint ids for up to
+    // 10,000 users, a second apart for up to 10,000,000.
     let first_user = args
         .first_user
-        .unwrap_or_else(|| clock::now().epoch_ms / 1000 * 1_000_000);
+        .unwrap_or_else(|| clock::now().epoch_ms.saturating_mul(10_000));
     let plans = args.plans(first_user);
     let started_at_ms = clock::now().epoch_ms;
     let t0 = Instant::now();
@@ -350,7 +366,7 @@ async fn simulate(args: &SimArgs) -> Result<Report, SimError> {
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let sampler = tokio::spawn(sample_stats(ctx.clone(), args.sales.clone()));
+    let sampler = tokio::spawn(sample_stats(ctx.clone(), args.sales.clone(), first_user));
     let mut handles = Vec::with_capacity(plans.len());
     for plan in plans {
         let ctx = ctx.clone();
@@ -377,24 +393,30 @@ async fn simulate(args: &SimArgs) -> Result<Report, SimError> {
         })
     };
     let mut traces: Vec<UserTrace> = Vec::with_capacity(handles.len());
+    let mut lost_tasks = 0;
     for h in handles {
-        if let Ok(t) = h.await {
-            traces.push(t);
+        match h.await {
+            Ok(t) => traces.push(t),
+            Err(_) => lost_tasks += 1,
         }
     }
+    let duration_ms = t0.elapsed().as_millis() as u64;
     progress.abort();
     bar.finish_and_clear();
     ctx.stop_sampling();
-    let stats = sampler.await.unwrap_or_default();
-    let duration_ms = t0.elapsed().as_millis() as u64;
+    let (stats, stats_failed) = sampler.await.unwrap_or_default();
     let backend = match &args.backend_record {
-        Some(url) => Some(fetch_record(&client, url).await?),
+        Some(url) => Some(fetch_record(&client, url).await),
         None => None,
     };
     Ok(Report::build(
         args,
-        started_at_ms,
-        duration_ms,
+        Run {
+            started_at_ms,
+            duration_ms,
+            lost_tasks,
+            stats_failed,
+        },
         &traces,
         &stats,
         backend.as_ref(),
@@ -402,45 +424,44 @@ async fn simulate(args: &SimArgs) -> Result<Report, SimError> {
 }
 
 /// Each second, every sale's cluster-wide stats (the server's view of the queue).
-async fn sample_stats(ctx: Arc<Ctx>, sales: Vec<Sale>) -> Vec<StatsSample> {
+/// Each second, every sale's cluster-wide stats (the server's view of the queue), asked as the
+/// first user (a load balancer may turn anonymous requests away). Returns the samples and how
+/// many asks failed.
+async fn sample_stats(ctx: Arc<Ctx>, sales: Vec<Sale>, user: u64) -> (Vec<StatsSample>, u64) {
     let mut samples = Vec::new();
+    let mut failed = 0;
     let mut next = Instant::now();
     while !ctx.sampling_stopped() {
         for (i, sale) in sales.iter().enumerate() {
             let url = format!("{}{}/stats", ctx.base, sale.queue_path());
             let t_ms = ctx.t0.elapsed().as_millis() as u64;
-            let Ok(r) = ctx.client.get(url).send().await else {
-                continue;
-            };
-            if !r.status().is_success() {
-                continue;
+            match ctx.stats(&url, user).await {
+                Some(v) => samples.push(StatsSample {
+                    t_ms,
+                    sale: i,
+                    waiting: v["waitingCount"].as_u64().unwrap_or(0),
+                    admitted: v["admittedCount"].as_u64().unwrap_or(0),
+                }),
+                None => failed += 1,
             }
-            let Ok(bytes) = r.bytes().await else {
-                continue;
-            };
-            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
-                continue;
-            };
-            samples.push(StatsSample {
-                t_ms,
-                sale: i,
-                waiting: v["waitingCount"].as_u64().unwrap_or(0),
-                admitted: v["admittedCount"].as_u64().unwrap_or(0),
-            });
         }
         next += Duration::from_secs(1);
         tokio::time::sleep_until(next.into()).await;
     }
-    samples
+    (samples, failed)
 }
 
-async fn fetch_record(client: &reqwest::Client, url: &str) -> Result<backend::Record, SimError> {
-    let fail = |e: String| SimError::Usage(format!("cannot read the backend record at {url}: {e}"));
+/// The backend's record, or why it could not be read (the run's report is written either way).
+async fn fetch_record(client: &reqwest::Client, url: &str) -> Result<backend::Record, String> {
+    let fail = |e: String| format!("cannot read the backend record at {url}: {e}");
     let r = client
         .get(url)
         .send()
         .await
         .map_err(|e| fail(e.to_string()))?;
+    if !r.status().is_success() {
+        return Err(fail(format!("status {}", r.status())));
+    }
     let bytes = r.bytes().await.map_err(|e| fail(e.to_string()))?;
     serde_json::from_slice(&bytes).map_err(|e| fail(e.to_string()))
 }

@@ -22,6 +22,17 @@ use super::backend::Record;
 use super::user::{Fate, Op, UserTrace};
 use super::SimArgs;
 
+/// Facts of the run besides the users' traces.
+#[derive(Debug, Clone, Copy)]
+pub struct Run {
+    pub started_at_ms: u64,
+    pub duration_ms: u64,
+    /// User tasks that ended without a trace (a panic): counted, never hidden.
+    pub lost_tasks: u64,
+    /// `/stats` asks that got no usable answer.
+    pub stats_failed: u64,
+}
+
 /// One `/stats` sample of one sale.
 #[derive(Debug, Clone, Copy)]
 pub struct StatsSample {
@@ -60,6 +71,10 @@ pub struct Users {
     pub purchased: u64,
     /// Users who stayed but had not bought when the run ended.
     pub stayed_without_purchase: u64,
+    /// Users whose run ended on a 4xx (an enter refused for good, a purchase refused).
+    pub refused: u64,
+    /// User tasks that crashed (their requests are not in this report).
+    pub lost_tasks: u64,
     pub abandoned: u64,
     pub left: u64,
     /// Polls answered 404 for a user who held a position (it entered again).
@@ -122,8 +137,13 @@ pub struct Backend {
     /// `record-backend` (counted where they arrived) or `simulator` (2xx answers it got).
     pub source: &'static str,
     pub purchases: u64,
-    /// Second purchases of a user the backend refused (409).
+    /// Second purchases the backend refused (409) of users who sent one purchase request.
     pub duplicates: u64,
+    /// 409s for users whose purchase the simulator sent again after a 5xx or no answer (the
+    /// first try had reached the backend).
+    pub duplicates_after_retry: u64,
+    /// Why `record-backend` could not be read (the figures are then the simulator's).
+    pub record_error: Option<String>,
     /// Purchases at the backend by users who never got a token in this run.
     pub without_token: u64,
     pub lag_ticks: u64,
@@ -171,10 +191,15 @@ pub struct Report {
     pub client_queue_ms: Spread,
     /// Seconds from arrival to the first answer with a token.
     pub time_to_admission_s: Spread,
-    /// Relative ETA error (0.1 = 10 %).
+    /// Relative ETA error (0.1 = 10 %) of admitted users.
     pub eta_error: Spread,
+    /// Users shown an ETA who were still waiting when the run ended (not in `etaError`).
+    pub eta_unfinished: u64,
     pub fifo_inversions: u64,
-    pub slots_to_departed: u64,
+    /// Absent when `/stats` gave no sample.
+    pub slots_to_departed: Option<u64>,
+    pub stats_samples: u64,
+    pub stats_failed: u64,
     pub bypass_attempts: u64,
     /// Bypass attempts answered 2xx or reaching the backend (must be 0).
     pub bypass_passed: u64,
@@ -246,16 +271,20 @@ fn fifo_inversions(traces: &[&UserTrace]) -> u64 {
 impl Report {
     pub fn build(
         args: &SimArgs,
-        started_at_ms: u64,
-        duration_ms: u64,
+        run: Run,
         traces: &[UserTrace],
         stats: &[StatsSample],
-        record: Option<&Record>,
+        record: Option<&Result<Record, String>>,
     ) -> Report {
+        let Run {
+            started_at_ms,
+            duration_ms,
+            ..
+        } = run;
         let arrived: Vec<&UserTrace> = traces.iter().filter(|t| !t.requests.is_empty()).collect();
         let stayed = |t: &&&UserTrace| t.fate == Fate::Stay;
         let users = Users {
-            planned: traces.len() as u64,
+            planned: args.planned_users(),
             arrived: arrived.len() as u64,
             stayed: arrived.iter().filter(stayed).count() as u64,
             admitted: arrived.iter().filter(|t| t.admitted_ms.is_some()).count() as u64,
@@ -275,6 +304,8 @@ impl Report {
                 .filter(|t| matches!(t.fate, Fate::Leave { .. }) && t.gone_ms.is_some())
                 .count() as u64,
             lost_positions: arrived.iter().map(|t| u64::from(t.lost)).sum(),
+            refused: arrived.iter().filter(|t| t.refused.is_some()).count() as u64,
+            lost_tasks: run.lost_tasks,
         };
 
         let requests = || arrived.iter().flat_map(|t| t.requests.iter());
@@ -329,16 +360,18 @@ impl Report {
         for ms in &first_enters {
             per_sec[((ms / 1000) as usize).min(seconds - 1)] += 1;
         }
-        let spike_secs = (args.spike_s.ceil() as usize).clamp(1, seconds);
         let peak_enter_rate = per_sec.iter().copied().max().unwrap_or(0) as f64;
-        let spike_enter_rate = per_sec[..spike_secs].iter().sum::<u64>() as f64 / spike_secs as f64;
+        let spike_enter_rate = if args.spike_s > 0.0 && args.spike_rate > 0.0 {
+            let spike_secs = (args.spike_s.ceil() as usize).clamp(1, seconds);
+            per_sec[..spike_secs].iter().sum::<u64>() as f64 / spike_secs as f64
+        } else {
+            0.0
+        };
 
         let time_to_admission_s = spread(
             arrived
                 .iter()
-                .filter_map(|t| {
-                    Some((t.admitted_ms? - t.arrived_ms.min(t.admitted_ms?)) as f64 / 1000.0)
-                })
+                .filter_map(|t| Some(t.admitted_ms?.saturating_sub(t.arrived_ms) as f64 / 1000.0))
                 .collect(),
         );
         let eta_error = spread(
@@ -361,18 +394,28 @@ impl Report {
             })
             .sum();
 
-        let heartbeat_ms = args.heartbeat_timeout_s * 1000;
-        let slots_to_departed = arrived
+        let eta_unfinished = arrived
             .iter()
-            .filter(|t| matches!(t.fate, Fate::Abandon { .. }))
-            .filter_map(|t| Some((t.sale, t.seq?, t.gone_ms?)))
-            .filter(|(sale, seq, gone)| {
-                stats
-                    .iter()
-                    .find(|s| s.sale == *sale && s.admitted >= *seq)
-                    .is_some_and(|s| s.t_ms > *gone && s.t_ms < gone + heartbeat_ms)
-            })
+            .filter(|t| t.first_eta.is_some() && t.admitted_ms.is_none() && t.gone_ms.is_none())
             .count() as u64;
+        // An abandoned user's slot: the mark reached its position after it stopped polling and
+        // before the heartbeat timeout (counted from its last heartbeat) let the pump evict it.
+        let heartbeat_ms = args.heartbeat_timeout_s.saturating_mul(1000);
+        let slots_to_departed = (!stats.is_empty()).then(|| {
+            arrived
+                .iter()
+                .filter(|t| matches!(t.fate, Fate::Abandon { .. }))
+                .filter_map(|t| Some((t.sale, t.seq?, t.gone_ms?, t.last_heartbeat_ms?)))
+                .filter(|(sale, seq, gone, beat)| {
+                    stats
+                        .iter()
+                        .find(|s| s.sale == *sale && s.admitted >= *seq)
+                        .is_some_and(|s| {
+                            s.t_ms > *gone && s.t_ms < beat.saturating_add(heartbeat_ms)
+                        })
+                })
+                .count() as u64
+        });
 
         let bypass: Vec<_> = requests().filter(|r| r.op == Op::Bypass).collect();
         let bypass_passed = bypass
@@ -410,8 +453,11 @@ impl Report {
             client_queue_ms: spread(requests().map(|r| r.queued_us as f64 / 1000.0).collect()),
             time_to_admission_s,
             eta_error,
+            eta_unfinished,
             fifo_inversions: fifo,
             slots_to_departed,
+            stats_samples: stats.len() as u64,
+            stats_failed: run.stats_failed,
             bypass_attempts: bypass.len() as u64,
             bypass_passed,
             backend: backend.0,
@@ -434,10 +480,16 @@ impl Report {
             self.duration_ms as f64 / 1000.0
         ));
         line(format!(
-            "users: {} arrived, {} admitted ({} by fail-open), {} bought; {} abandoned, {} left; {} stayed without buying; {} positions lost",
-            u.arrived, u.admitted, u.direct_admitted, u.purchased, u.abandoned, u.left,
-            u.stayed_without_purchase, u.lost_positions
+            "users: {} arrived of {}, {} admitted ({} by fail-open), {} bought; {} abandoned, {} left; {} stayed without buying; {} refused (4xx); {} positions lost",
+            u.arrived, u.planned, u.admitted, u.direct_admitted, u.purchased, u.abandoned, u.left,
+            u.stayed_without_purchase, u.refused, u.lost_positions
         ));
+        if u.lost_tasks > 0 {
+            line(format!(
+                "WARNING: {} simulated users crashed and are missing",
+                u.lost_tasks
+            ));
+        }
         line(format!(
             "enter rate: target {:.0}/s, achieved {:.0}/s over the spike (peak second {:.0})",
             self.target_enter_rate, self.spike_enter_rate, self.peak_enter_rate
@@ -470,24 +522,44 @@ impl Report {
             }
         ));
         let a = &self.time_to_admission_s;
+        line(if a.count == 0 {
+            "time to admission: n/a (nobody admitted)".to_string()
+        } else {
+            format!(
+                "time to admission: p50 {:.1} s, p90 {:.1} s, p99 {:.1} s, max {:.1} s",
+                a.p50, a.p90, a.p99, a.max
+            )
+        });
+        let e = &self.eta_error;
+        line(if e.count == 0 {
+            format!(
+                "ETA error: n/a ({} shown an ETA still waiting)",
+                self.eta_unfinished
+            )
+        } else {
+            format!(
+                "ETA error: median {:.0} %, p90 {:.0} % ({} users; {} shown an ETA still waiting)",
+                e.p50 * 100.0,
+                e.p90 * 100.0,
+                e.count,
+                self.eta_unfinished
+            )
+        });
+        let slots = match self.slots_to_departed {
+            Some(n) => n.to_string(),
+            None => format!("n/a (no /stats answer in {} asks)", self.stats_failed),
+        };
         line(format!(
-            "time to admission: p50 {:.1} s, p90 {:.1} s, p99 {:.1} s, max {:.1} s",
-            a.p50, a.p90, a.p99, a.max
-        ));
-        line(format!(
-            "ETA error: median {:.0} %, p90 {:.0} % ({} users)",
-            self.eta_error.p50 * 100.0,
-            self.eta_error.p90 * 100.0,
-            self.eta_error.count
-        ));
-        line(format!(
-            "FIFO inversions: {}; slots to users who had gone: {}; bypass attempts {} (passed {})",
-            self.fifo_inversions, self.slots_to_departed, self.bypass_attempts, self.bypass_passed
+            "FIFO inversions: {}; slots to users who had gone: {slots}; bypass attempts {} (passed {})",
+            self.fifo_inversions, self.bypass_attempts, self.bypass_passed
         ));
         let b = &self.backend;
+        if let Some(e) = &b.record_error {
+            line(format!("WARNING: {e}; purchases below are the simulator's"));
+        }
         line(format!(
-            "backend ({}): {} purchases, {} duplicates refused, {} without a token; buyers up to {} ticks late",
-            b.source, b.purchases, b.duplicates, b.without_token, b.lag_ticks
+            "backend ({}): {} purchases, {} duplicates refused (+{} after a retried purchase), {} without a token; buyers up to {} ticks late",
+            b.source, b.purchases, b.duplicates, b.duplicates_after_retry, b.without_token, b.lag_ticks
         ));
         for s in &b.per_sale {
             let w = |n: usize| s.max_per_ticks.get(n - 1).copied().unwrap_or(0);
@@ -511,8 +583,15 @@ fn backend(
     args: &SimArgs,
     started_at_ms: u64,
     arrived: &[&UserTrace],
-    record: Option<&Record>,
+    record: Option<&Result<Record, String>>,
 ) -> (Backend, Vec<Vec<u64>>) {
+    let record_error = record.and_then(|r| r.as_ref().err().cloned());
+    let record = record.and_then(|r| r.as_ref().ok());
+    let retried: HashSet<u64> = arrived
+        .iter()
+        .filter(|t| t.purchase_tries > 1)
+        .map(|t| t.user)
+        .collect();
     let sales: Vec<String> = args.sales.iter().map(ToString::to_string).collect();
     let ours: HashSet<u64> = arrived.iter().map(|t| t.user).collect();
     let with_token: HashSet<u64> = arrived
@@ -521,7 +600,7 @@ fn backend(
         .map(|t| t.user)
         .collect();
     let mut times = vec![Vec::new(); sales.len()];
-    let (source, duplicates, without_token) = match record {
+    let (source, (duplicates, duplicates_after_retry), without_token) = match record {
         Some(rec) => {
             let mut without = 0;
             for p in rec.purchases.iter().filter(|p| ours.contains(&p.user)) {
@@ -532,12 +611,10 @@ fn backend(
                     without += 1;
                 }
             }
-            let dups = rec
-                .duplicates
-                .iter()
-                .filter(|p| ours.contains(&p.user))
-                .count() as u64;
-            ("record-backend", dups, without)
+            let dups = rec.duplicates.iter().filter(|p| ours.contains(&p.user));
+            let after_retry = dups.clone().filter(|p| retried.contains(&p.user)).count() as u64;
+            let all = dups.count() as u64;
+            ("record-backend", (all - after_retry, after_retry), without)
         }
         None => {
             for t in arrived {
@@ -545,8 +622,13 @@ fn backend(
                     times[t.sale].push(ms);
                 }
             }
-            let dups = arrived.iter().filter(|t| t.duplicate).count() as u64;
-            ("simulator", dups, 0)
+            let dup = |retry: bool| {
+                arrived
+                    .iter()
+                    .filter(|t| t.duplicate && (t.purchase_tries > 1) == retry)
+                    .count() as u64
+            };
+            ("simulator", (dup(false), dup(true)), 0)
         }
     };
     for t in &mut times {
@@ -568,7 +650,7 @@ fn backend(
             purchases: t.len() as u64,
             budget_per_tick: args.batch,
             max_per_ticks: (1..=10)
-                .map(|n| max_in_window(t, n * args.tick_ms))
+                .map(|n| max_in_window(t, args.tick_ms.saturating_mul(n)))
                 .collect(),
         })
         .collect();
@@ -576,6 +658,8 @@ fn backend(
         source,
         purchases: times.iter().map(|t| t.len() as u64).sum(),
         duplicates,
+        duplicates_after_retry,
+        record_error,
         without_token,
         lag_ticks: lag_ms.div_ceil(args.tick_ms),
         per_sale,
@@ -683,12 +767,15 @@ mod tests {
             seq: Some(seq),
             first_eta: None,
             last_waiting_sent_ms: last_waiting,
+            last_heartbeat_ms: last_waiting,
             admitted_ms: admitted,
             direct: false,
             purchased_ms: None,
+            purchase_tries: 0,
             duplicate: false,
             gone_ms: None,
             lost: 0,
+            refused: None,
             requests: Vec::new(),
         }
     }
@@ -713,5 +800,142 @@ mod tests {
         };
         assert_eq!(refs(&ok), 0);
         assert_eq!(refs(&bad), 1);
+    }
+
+    fn args(extra: &[&str]) -> SimArgs {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            a: SimArgs,
+        }
+        let mut v = vec!["t", "--url", "http://127.0.0.1:1"];
+        v.extend_from_slice(extra);
+        T::try_parse_from(v).unwrap().a
+    }
+
+    fn run() -> Run {
+        Run {
+            started_at_ms: 0,
+            duration_ms: 20_000,
+            lost_tasks: 0,
+            stats_failed: 0,
+        }
+    }
+
+    fn sample(t_ms: u64, admitted: u64) -> StatsSample {
+        StatsSample {
+            t_ms,
+            sale: 0,
+            waiting: 0,
+            admitted,
+        }
+    }
+
+    #[test]
+    fn a_slot_goes_to_a_departed_user_only_before_the_heartbeat_timeout_and_only_with_stats() {
+        let a = args(&["--spike-rate", "3", "--spike-s", "1", "--tail-s", "0"]);
+        let a = SimArgs {
+            heartbeat_timeout_s: 10,
+            ..a
+        };
+        let req = super::super::user::Req {
+            op: Op::Enter,
+            start_ms: 0,
+            latency_us: 1000,
+            queued_us: 0,
+            status: 200,
+            degraded: false,
+        };
+        let gone = |seq: u64| {
+            let mut t = trace(seq, None, Some(1500));
+            t.fate = Fate::Abandon { after_polls: 1 };
+            t.gone_ms = Some(2000);
+            t.requests.push(req);
+            t
+        };
+        let mut stayed = trace(3, Some(13_000), Some(12_000));
+        stayed.first_eta = Some((10, 100));
+        stayed.requests.push(req);
+        let mut waiting = trace(4, None, Some(12_000));
+        waiting.first_eta = Some((12, 100));
+        waiting.requests.push(req);
+        let traces = [gone(1), gone(2), stayed, waiting];
+        // The mark reaches 1 at 3 s (user 1 gone, not yet evictable: a wasted slot) and 2 at
+        // 12 s (past 1.5 s + 10 s: user 2 was evictable, the pump skipped it).
+        let stats = [
+            sample(1000, 0),
+            sample(3000, 1),
+            sample(12_000, 2),
+            sample(13_000, 3),
+        ];
+        let r = Report::build(&a, run(), &traces, &stats, None);
+        assert_eq!(r.slots_to_departed, Some(1));
+        assert_eq!(r.users.abandoned, 2);
+        assert_eq!(r.eta_error.count, 1);
+        assert_eq!(r.eta_unfinished, 1);
+        // Shown 10 s at 0.1 s, admitted at 13 s: |10 - 12.9| / 12.9.
+        assert!(
+            (r.eta_error.p50 - 0.225).abs() < 0.001,
+            "{}",
+            r.eta_error.p50
+        );
+        let r = Report::build(&a, run(), &traces, &[], None);
+        assert_eq!(r.slots_to_departed, None);
+        assert!(r.summary().contains("slots to users who had gone: n/a"));
+    }
+
+    #[test]
+    fn the_backend_record_counts_where_purchases_arrived_and_a_failed_read_is_reported() {
+        use super::super::backend::Purchase;
+        let a = args(&[
+            "--spike-rate",
+            "2",
+            "--spike-s",
+            "1",
+            "--tail-s",
+            "0",
+            "--tick-ms",
+            "1000",
+        ]);
+        let req = super::super::user::Req {
+            op: Op::Purchase,
+            start_ms: 500,
+            latency_us: 1000,
+            queued_us: 0,
+            status: 200,
+            degraded: false,
+        };
+        let mut once = trace(1, Some(400), Some(300));
+        once.purchase_tries = 1;
+        once.requests.push(req);
+        let mut twice = trace(2, Some(400), Some(300));
+        twice.purchase_tries = 2;
+        twice.requests.push(req);
+        let p = |user: u64, at_ms: u64| Purchase {
+            at_ms,
+            sale: "limited-drop:1".into(),
+            user,
+        };
+        let record = Record {
+            purchases: vec![p(1, 500), p(2, 600), p(99, 700)],
+            duplicates: vec![p(2, 900)],
+            unidentified: 0,
+            other: 0,
+        };
+        let r = Report::build(&a, run(), &[once, twice], &[], Some(&Ok(record)));
+        let b = &r.backend;
+        assert_eq!(
+            (b.source, b.purchases),
+            ("record-backend", 2),
+            "user 99 is not ours"
+        );
+        assert_eq!((b.duplicates, b.duplicates_after_retry), (0, 1));
+        assert_eq!(b.per_sale[0].max_per_ticks[0], 2);
+        let failed = Err("cannot read".to_string());
+        let r = Report::build(&a, run(), &[], &[], Some(&failed));
+        assert_eq!(r.backend.source, "simulator");
+        assert!(r.summary().contains("WARNING: cannot read"));
+        assert!(r.summary().contains("time to admission: n/a"));
     }
 }

@@ -110,17 +110,24 @@ pub struct UserTrace {
     pub first_eta: Option<(u64, u64)>,
     /// When the last poll answered `WAITING` for the current position was sent.
     pub last_waiting_sent_ms: Option<u64>,
+    /// When the last request the queue counted as a heartbeat (an enter or poll answered with a
+    /// position) was sent: eviction counts from there.
+    pub last_heartbeat_ms: Option<u64>,
     /// When the first answer with a token came, and whether it was `DIRECT_ADMITTED`.
     pub admitted_ms: Option<u64>,
     pub direct: bool,
     /// When a purchase was answered 2xx.
     pub purchased_ms: Option<u64>,
+    /// Purchase requests sent (more than one: retried after a 5xx or no answer).
+    pub purchase_tries: u32,
     /// The backend said this user had bought already (409).
     pub duplicate: bool,
     /// When the user abandoned or left.
     pub gone_ms: Option<u64>,
     /// Polls answered 404 after the user had a position (then it entered again).
     pub lost: u32,
+    /// The 4xx that ended the user's run (an enter refused for good, a purchase refused).
+    pub refused: Option<u16>,
     pub requests: Vec<Req>,
 }
 
@@ -188,7 +195,7 @@ impl Ctx {
         true
     }
 
-    /// One request; the answer's status and JSON body (Null when there is none).
+    /// One request and its answer (status 0 and a Null body when there is none).
     async fn call(
         &self,
         trace: &mut UserTrace,
@@ -196,17 +203,16 @@ impl Ctx {
         method: reqwest::Method,
         path: &str,
         token: Option<&str>,
-    ) -> (u16, Value) {
+    ) -> Answer {
         let asked = Instant::now();
         let Ok(_permit) = self.permits.acquire().await else {
-            return (0, Value::Null);
+            return Answer::none(self.ms());
         };
         let queued_us = asked.elapsed().as_micros() as u64;
-        let mut req = self.client.request(method, format!("{}{path}", self.base));
-        req = match &self.identity {
-            Identity::Header => req.header("x-user-id", trace.user.to_string()),
-            Identity::Cookie(name) => req.header("cookie", format!("{name}={}", trace.user)),
-        };
+        let mut req = self.as_user(
+            self.client.request(method, format!("{}{path}", self.base)),
+            trace.user,
+        );
         if let Some(t) = token {
             req = req.header("x-entry-token", t);
         }
@@ -217,15 +223,25 @@ impl Ctx {
         }
         let start_ms = self.ms();
         let started = Instant::now();
-        let (status, body) = match req.send().await {
+        let (status, body, retry_after) = match req.send().await {
             Ok(r) => {
                 let status = r.status().as_u16();
+                let retry_after = r
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(|s| Duration::from_secs(s.min(MAX_WAIT_S)));
                 match r.bytes().await {
-                    Ok(b) => (status, serde_json::from_slice(&b).unwrap_or(Value::Null)),
-                    Err(_) => (0, Value::Null),
+                    Ok(b) => (
+                        status,
+                        serde_json::from_slice(&b).unwrap_or(Value::Null),
+                        retry_after,
+                    ),
+                    Err(_) => (0, Value::Null, None),
                 }
             }
-            Err(_) => (0, Value::Null),
+            Err(_) => (0, Value::Null, None),
         };
         if status == 0 || status >= 500 {
             self.counts.errors.fetch_add(1, Ordering::Relaxed);
@@ -238,17 +254,91 @@ impl Ctx {
             status,
             degraded: body["degraded"] == true,
         });
-        (status, body)
+        Answer {
+            status,
+            body,
+            retry_after,
+            sent_ms: start_ms,
+        }
+    }
+
+    /// `req` with the identity of `user`.
+    fn as_user(&self, req: reqwest::RequestBuilder, user: u64) -> reqwest::RequestBuilder {
+        match &self.identity {
+            Identity::Header => req.header("x-user-id", user.to_string()),
+            Identity::Cookie(name) => req.header("cookie", format!("{name}={user}")),
+        }
+    }
+
+    /// A `/stats` answer, asked as `user`; `None` when there is no 200 with JSON.
+    pub async fn stats(&self, url: &str, user: u64) -> Option<Value> {
+        let r = self.as_user(self.client.get(url), user).send().await.ok()?;
+        if r.status() != reqwest::StatusCode::OK {
+            return None;
+        }
+        serde_json::from_slice(&r.bytes().await.ok()?).ok()
     }
 
     /// When to poll after a `WAITING` answer: the answer's `pollAfterSeconds` (1 s without
     /// one) or the fixed `--poll-interval-s`, with the configured jitter.
     fn next_poll(&self, answer: &Value, rng: &mut Rng) -> Duration {
-        let base = self
-            .poll_interval_s
-            .unwrap_or_else(|| answer["pollAfterSeconds"].as_u64().unwrap_or(1).max(1) as f64);
+        let hint = || {
+            answer["pollAfterSeconds"]
+                .as_u64()
+                .unwrap_or(1)
+                .clamp(1, MAX_WAIT_S) as f64
+        };
+        let base = self.poll_interval_s.unwrap_or_else(hint);
         let f = 1.0 + self.jitter * (2.0 * rng.unit() - 1.0);
         Duration::from_secs_f64((base * f).max(0.05))
+    }
+}
+
+/// The longest wait an answer may ask for (`pollAfterSeconds`, `Retry-After`), seconds.
+const MAX_WAIT_S: u64 = 3600;
+
+/// What one request got.
+struct Answer {
+    /// 0: no answer.
+    status: u16,
+    body: Value,
+    retry_after: Option<Duration>,
+    /// When it was sent (after waiting for a connection), since the start of the run.
+    sent_ms: u64,
+}
+
+impl Answer {
+    fn none(now_ms: u64) -> Answer {
+        Answer {
+            status: 0,
+            body: Value::Null,
+            retry_after: None,
+            sent_ms: now_ms,
+        }
+    }
+
+    /// The token of an `ADMITTED` / `DIRECT_ADMITTED` answer, and whether it was direct.
+    fn token(&self) -> Option<(String, bool)> {
+        if self.status != 200 {
+            return None;
+        }
+        let direct = match self.body["status"].as_str()? {
+            "ADMITTED" => false,
+            "DIRECT_ADMITTED" => true,
+            _ => return None,
+        };
+        Some((self.body["entryToken"].as_str()?.to_string(), direct))
+    }
+
+    /// A `WAITING` answer's position (`None` for a degraded one, which has none).
+    fn position(&self) -> Option<u64> {
+        (self.status == 200 && self.body["status"] == "WAITING")
+            .then(|| self.body["position"].as_u64())
+            .flatten()
+    }
+
+    fn is_waiting(&self) -> bool {
+        self.status == 200 && self.body["status"] == "WAITING"
     }
 }
 
@@ -256,15 +346,6 @@ enum Step {
     Enter,
     Poll { polls: u32 },
     Buy { token: String, tries: u32 },
-}
-
-fn token_of(v: &Value) -> Option<(String, bool)> {
-    let direct = match v["status"].as_str()? {
-        "ADMITTED" => false,
-        "DIRECT_ADMITTED" => true,
-        _ => return None,
-    };
-    Some((v["entryToken"].as_str()?.to_string(), direct))
 }
 
 /// Plays one user from arrival to purchase, departure or the deadline.
@@ -278,12 +359,15 @@ pub async fn run(ctx: &Ctx, sale: &Sale, mut plan: Plan) -> UserTrace {
         seq: None,
         first_eta: None,
         last_waiting_sent_ms: None,
+        last_heartbeat_ms: None,
         admitted_ms: None,
         direct: false,
         purchased_ms: None,
+        purchase_tries: 0,
         duplicate: false,
         gone_ms: None,
         lost: 0,
+        refused: None,
         requests: Vec::new(),
     };
     let (queue, purchase) = (sale.queue_path(), sale.purchase_path());
@@ -298,9 +382,23 @@ pub async fn run(ctx: &Ctx, sale: &Sale, mut plan: Plan) -> UserTrace {
         }
         play(ctx, &mut t, &mut plan, &entries, &me, &purchase).await;
     }
-    let c = &ctx.counts;
-    c.done.fetch_add(1, Ordering::Relaxed);
+    ctx.counts.done.fetch_add(1, Ordering::Relaxed);
     t
+}
+
+/// After an answer with a token: note the admission, go and buy.
+fn admitted(ctx: &Ctx, t: &mut UserTrace, token: String, direct: bool) -> Step {
+    t.admitted_ms.get_or_insert(ctx.ms());
+    t.direct |= direct;
+    ctx.counts.admitted.fetch_add(1, Ordering::Relaxed);
+    Step::Buy { token, tries: 0 }
+}
+
+/// How long to wait after an answer that was not what the user wanted: `Retry-After` when
+/// given, else 2 s after a 429 and 1 s after anything else.
+fn backoff(a: &Answer) -> Duration {
+    a.retry_after
+        .unwrap_or(Duration::from_secs(if a.status == 429 { 2 } else { 1 }))
 }
 
 async fn play(
@@ -327,32 +425,32 @@ async fn play(
     loop {
         let pause = match step {
             Step::Enter => {
-                let (status, v) = ctx
+                let a = ctx
                     .call(t, Op::Enter, reqwest::Method::POST, entries, None)
                     .await;
-                match (status, token_of(&v)) {
-                    (200, Some((token, direct))) => {
-                        t.admitted_ms.get_or_insert(ctx.ms());
-                        t.direct |= direct;
-                        set_waiting(false);
-                        c.admitted.fetch_add(1, Ordering::Relaxed);
-                        step = Step::Buy { token, tries: 0 };
-                        Duration::ZERO
-                    }
-                    (200, None) => {
-                        if let Some(seq) = v["position"].as_u64() {
-                            t.seq = Some(seq);
-                            if let Some(eta) = v["etaSeconds"].as_u64() {
-                                t.first_eta.get_or_insert((eta, ctx.ms()));
-                            }
-                            set_waiting(true);
-                            step = Step::Poll { polls: 0 };
+                if let Some((token, direct)) = a.token() {
+                    set_waiting(false);
+                    step = admitted(ctx, t, token, direct);
+                    Duration::ZERO
+                } else if a.is_waiting() {
+                    if let Some(seq) = a.position() {
+                        t.seq = Some(seq);
+                        t.last_heartbeat_ms = Some(a.sent_ms);
+                        if let Some(eta) = a.body["etaSeconds"].as_u64() {
+                            t.first_eta.get_or_insert((eta, ctx.ms()));
                         }
-                        // Without a position (a degraded answer) the user enters again.
-                        ctx.next_poll(&v, &mut plan.rng)
+                        set_waiting(true);
+                        step = Step::Poll { polls: 0 };
                     }
-                    (429, _) => Duration::from_secs(2),
-                    _ => Duration::from_secs(1),
+                    // Without a position (a degraded answer) the user enters again.
+                    ctx.next_poll(&a.body, &mut plan.rng)
+                } else if (400..500).contains(&a.status) && a.status != 429 {
+                    // Refused for good (a bad request, an unknown sale, no identity).
+                    t.refused = Some(a.status);
+                    set_waiting(false);
+                    return;
+                } else {
+                    backoff(&a)
                 }
             }
             Step::Poll { polls } => {
@@ -370,36 +468,33 @@ async fn play(
                     set_waiting(false);
                     return;
                 }
-                let sent = ctx.ms();
-                let (status, v) = ctx.call(t, Op::Poll, reqwest::Method::GET, me, None).await;
+                let a = ctx.call(t, Op::Poll, reqwest::Method::GET, me, None).await;
                 step = Step::Poll { polls: polls + 1 };
-                match (status, token_of(&v)) {
-                    (200, Some((token, direct))) => {
-                        t.admitted_ms.get_or_insert(ctx.ms());
-                        t.direct |= direct;
-                        set_waiting(false);
-                        c.admitted.fetch_add(1, Ordering::Relaxed);
-                        step = Step::Buy { token, tries: 0 };
-                        Duration::ZERO
+                if let Some((token, direct)) = a.token() {
+                    set_waiting(false);
+                    step = admitted(ctx, t, token, direct);
+                    Duration::ZERO
+                } else if a.is_waiting() {
+                    if a.position().is_some() {
+                        t.last_waiting_sent_ms = Some(a.sent_ms);
+                        t.last_heartbeat_ms = Some(a.sent_ms);
                     }
-                    (200, None) => {
-                        if v["position"].as_u64().is_some() {
-                            t.last_waiting_sent_ms = Some(sent);
-                        }
-                        ctx.next_poll(&v, &mut plan.rng)
-                    }
-                    (404, _) => {
-                        t.lost += 1;
-                        t.last_waiting_sent_ms = None;
-                        step = Step::Enter;
-                        Duration::ZERO
-                    }
-                    _ => Duration::from_secs(1),
+                    ctx.next_poll(&a.body, &mut plan.rng)
+                } else if a.status == 404 {
+                    // No longer in the queue: enter again, at the back, with a new position.
+                    t.lost += 1;
+                    t.seq = None;
+                    t.last_waiting_sent_ms = None;
+                    step = Step::Enter;
+                    Duration::ZERO
+                } else {
+                    backoff(&a)
                 }
             }
             Step::Buy { ref token, tries } => {
                 let token = token.clone();
-                let (status, _) = ctx
+                t.purchase_tries += 1;
+                let a = ctx
                     .call(
                         t,
                         Op::Purchase,
@@ -408,7 +503,7 @@ async fn play(
                         Some(&token),
                     )
                     .await;
-                match status {
+                match a.status {
                     200..=299 => {
                         t.purchased_ms = Some(ctx.ms());
                         c.purchased.fetch_add(1, Ordering::Relaxed);
@@ -419,14 +514,18 @@ async fn play(
                         return;
                     }
                     // Refused by the gate (expired, already used) or by the backend: done.
-                    400..=499 => return,
+                    400..=499 => {
+                        t.refused = Some(a.status);
+                        return;
+                    }
+                    // No answer or a 5xx: try again, twice at most, with the same token.
                     _ if tries >= 2 => return,
                     _ => {
                         step = Step::Buy {
                             token,
                             tries: tries + 1,
                         };
-                        Duration::from_millis(500)
+                        a.retry_after.unwrap_or(Duration::from_millis(500))
                     }
                 }
             }
