@@ -32,6 +32,9 @@ pub struct AppState {
     /// Which targets may have a queue (`queue.targets`).
     pub registry: crate::registry::Registry,
     pub stats_cache: crate::queue::stats_cache::StatsCache,
+    /// Set on SIGTERM for `server.drain_ms`: every answer closes its connection and `/readyz`
+    /// answers 503, so a load balancer stops reusing connections before they are dropped.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 impl AppState {
@@ -75,6 +78,7 @@ impl AppState {
             identity,
             registry,
             stats_cache: Default::default(),
+            draining: Default::default(),
         }
     }
 

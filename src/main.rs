@@ -78,7 +78,9 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_START);
                 }
             };
-            built.server.run(pingora::server::RunArgs::default());
+            built.server.run(pingora::server::RunArgs {
+                shutdown_signal: Box::new(server::DrainThenStop::new(built.state.clone())),
+            });
             tracing::info!("vq-gateway stopped");
             ExitCode::SUCCESS
         }

@@ -222,3 +222,53 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     state.metrics.up.set(1);
     Ok(Built { server, state })
 }
+
+/// The shutdown signals, with a drain phase before a graceful stop: on SIGTERM the replica keeps
+/// serving for `server.drain_ms` while every answer closes its connection and `/readyz` answers
+/// 503 (`AppState::draining`), then Pingora's graceful shutdown begins (the listener closes,
+/// idle connections are dropped, in-flight requests get `grace_period_s`). Without the drain, a
+/// load balancer writing a request onto an idle keep-alive connection just as it is dropped
+/// gets a reset, and a POST it may not send again becomes a 502. SIGINT stops at once, SIGQUIT
+/// hands the sockets over, as Pingora's own watcher does.
+pub struct DrainThenStop {
+    state: Arc<AppState>,
+}
+
+impl DrainThenStop {
+    pub fn new(state: Arc<AppState>) -> DrainThenStop {
+        DrainThenStop { state }
+    }
+}
+
+#[async_trait::async_trait]
+impl pingora::server::ShutdownSignalWatch for DrainThenStop {
+    async fn recv(&self) -> pingora::server::ShutdownSignal {
+        use pingora::server::ShutdownSignal;
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int), Ok(mut quit)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::quit()),
+        ) else {
+            tracing::error!("cannot install signal handlers; stopping");
+            return ShutdownSignal::FastShutdown;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => return ShutdownSignal::FastShutdown,
+            _ = quit.recv() => return ShutdownSignal::GracefulUpgrade,
+        }
+        let drain = self.state.config.server.drain;
+        tracing::info!(
+            drain_ms = drain.as_millis() as u64,
+            "SIGTERM: draining connections"
+        );
+        self.state
+            .draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        tokio::select! {
+            _ = tokio::time::sleep(drain) => ShutdownSignal::GracefulTerminate,
+            _ = int.recv() => ShutdownSignal::FastShutdown,
+        }
+    }
+}

@@ -239,6 +239,51 @@ fn sigterm_shuts_down_gracefully() {
     assert_eq!(code, Some(0));
 }
 
+/// SIGTERM first drains: for `server.drain_ms` the replica still answers, on old and new
+/// connections, but closes each connection after its answer and reports not ready; then it
+/// stops accepting and exits.
+#[test]
+fn sigterm_drains_connections_before_it_stops() {
+    let up = Upstream::start();
+    let mut cfg = test_config(up.addr);
+    cfg.server.drain_ms = 1500;
+    let mut gw = GatewayProc::start(cfg);
+    let mut kept = gw.raw();
+    let r = kept.get("/a", &[]).unwrap();
+    assert_eq!(r.status, 200);
+    assert_ne!(r.header("connection"), Some("close"));
+    let term = std::time::Instant::now();
+    gw.signal("TERM");
+    assert!(wait_until(Duration::from_secs(2), || {
+        gw.admin_client()
+            .get("/readyz", &[])
+            .is_ok_and(|r| r.status == 503 && r.json()["draining"] == true)
+    }));
+    let r = kept.get("/b", &[]).unwrap();
+    assert_eq!(
+        r.status, 200,
+        "an open connection is still served while draining"
+    );
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(
+        kept.server_closed(),
+        "the connection is closed after the answer"
+    );
+    let r = gw.raw().get("/c", &[]).unwrap();
+    assert_eq!(
+        r.status, 200,
+        "a new connection is still served while draining"
+    );
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(
+        term.elapsed() < Duration::from_millis(1500),
+        "the drain ended early"
+    );
+    assert_eq!(gw.wait_exit(Duration::from_secs(10)), Some(Some(0)));
+    assert!(term.elapsed() >= Duration::from_millis(1500));
+    assert!(std::net::TcpStream::connect(gw.listen).is_err());
+}
+
 #[test]
 fn taken_port_fails_at_start_with_a_clear_error() {
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();

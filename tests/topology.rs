@@ -7,8 +7,7 @@
 //! What must hold, read from the simulator's report and the backend's own record: purchases
 //! reaching the backend stay within the admission budget per tick window; every user who kept
 //! polling is admitted and buys exactly once; nothing reaches the backend without a token; no
-//! 5xx but for a purchase written to a replica as it died or closed its connections; admission
-//! in order.
+//! 5xx but for a purchase inside the replica killed with SIGKILL; admission in order.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -193,9 +192,9 @@ fn a_sale_through_nginx_and_three_gateways_survives_a_kill_a_rolling_restart_and
     let rel = |ms: u64| ms as i64 - started_at as i64;
     let (kill, restart) = (rel(killed_at), (rel(restart_began), rel(restart_done)));
 
-    // Errors: only a purchase written to a replica as it died or closed its connections may
-    // have failed (nginx does not send a POST that reached one replica to another: a purchase
-    // is not idempotent), and only within a second of the kill or the restart.
+    // Errors: only a purchase inside the killed replica when it died may have failed (nginx does
+    // not send a POST that reached one replica to another: a purchase is not idempotent). The
+    // restarted one drained first (`server.drain_ms`): nothing failed there.
     let errors = &report["errors"];
     let samples = errors["samples"].as_array().unwrap();
     let excused: Vec<&Value> = samples
@@ -203,8 +202,7 @@ fn a_sale_through_nginx_and_three_gateways_survives_a_kill_a_rolling_restart_and
         .filter(|e| {
             let at = u(&e["atMs"]) as i64;
             let near_kill = (kill - 1000..=kill + 1000).contains(&at);
-            let during_restart = (restart.0 - 1000..=restart.1 + 1000).contains(&at);
-            e["op"] == "purchase" && e["status"] == 502 && (near_kill || during_restart)
+            e["op"] == "purchase" && e["status"] == 502 && near_kill
         })
         .collect();
     assert!(

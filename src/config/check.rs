@@ -33,6 +33,7 @@ pub(super) fn server(s: &ServerSection) -> Result<ServerConfig, ConfigError> {
         threads: in_range("server.threads", s.threads as u64, 1, 256)? as usize,
         keepalive_idle: secs("server.keepalive_idle_s", s.keepalive_idle_s, 1, 3600)?,
         grace_period: secs("server.grace_period_s", s.grace_period_s, 0, 3600)?,
+        drain: millis("server.drain_ms", s.drain_ms, 0, 60_000)?,
         log_format: s.log_format,
         max_connections: in_range("server.max_connections", s.max_connections, 1, 1_000_000)?
             as usize,

@@ -119,6 +119,9 @@ pub struct ServerSection {
     pub threads: usize,
     /// Idle keep-alive of downstream connections, seconds.
     pub keepalive_idle_s: u64,
+    /// After SIGTERM, how long the replica keeps serving while it closes every keep-alive
+    /// connection after its next answer (and `/readyz` answers 503), ms; then it stops accepting.
+    pub drain_ms: u64,
     /// How long in-flight requests may finish after SIGTERM, seconds.
     pub grace_period_s: u64,
     pub log_format: LogFormat,
@@ -140,6 +143,7 @@ impl Default for ServerSection {
             threads: 2,
             keepalive_idle_s: 60,
             grace_period_s: 5,
+            drain_ms: 1000,
             log_format: LogFormat::Text,
             max_connections: 10_000,
             first_byte_timeout_ms: 10_000,

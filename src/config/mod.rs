@@ -59,6 +59,8 @@ pub struct ServerConfig {
     pub threads: usize,
     pub keepalive_idle: Duration,
     pub grace_period: Duration,
+    /// The drain phase after SIGTERM (`server.drain_ms`).
+    pub drain: Duration,
     pub log_format: LogFormat,
     pub max_connections: usize,
     pub first_byte_timeout: Duration,
@@ -280,6 +282,7 @@ mod tests {
         assert_eq!(c.server.log_format, LogFormat::Text);
         assert!(!c.flag.enabled);
         assert_eq!(c.flag.rollout_percent, 100);
+        assert_eq!(c.server.drain, Duration::from_millis(1000));
     }
 
     #[test]
@@ -307,6 +310,7 @@ mod tests {
                 "identity.algorithms[0]",
             ),
             ("[queue]\nbatch_size = -1", "queue.batch_size"),
+            ("[server]\ndrain_ms = 60001", "server.drain_ms"),
         ] {
             let e = err_of(toml);
             assert!(e.contains(&format!("`{key}`")), "{toml}: {e}");

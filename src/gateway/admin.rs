@@ -39,10 +39,15 @@ impl AdminApp {
             Ok(()) => "ok",
             Err(_) => "unavailable (failing open)",
         };
-        let ready = proxy_up && self.state.store.started();
+        let draining = self
+            .state
+            .draining
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let ready = proxy_up && self.state.store.started() && !draining;
         let status = if ready { 200 } else { 503 };
         let body = serde_json::json!({
             "ready": ready,
+            "draining": draining,
             "store": self.state.store.kind(),
             "storeState": store,
             "degraded": self.state.store.degraded(),

@@ -203,7 +203,15 @@ impl ProxyHttp for Gateway {
         ctx.started = Instant::now();
         // Bound the idle time of a connection Pingora keeps alive; never turn keep-alive back on
         // for one it closes (HTTP/1.0, `Connection: close`, ambiguous framing).
-        if session.get_keepalive().is_some() {
+        if self
+            .state
+            .draining
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            // Shutting down: answer, then close, so the load balancer stops reusing this
+            // connection before the process drops it.
+            session.set_keepalive(None);
+        } else if session.get_keepalive().is_some() {
             session.set_keepalive(Some(self.state.config.server.keepalive_idle.as_secs()));
         }
         Ok(())

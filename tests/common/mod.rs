@@ -119,6 +119,7 @@ pub fn test_config(upstream: SocketAddr) -> ConfigFile {
     f.server.listen = format!("127.0.0.1:{listen}");
     f.server.admin_listen = format!("127.0.0.1:{admin}");
     f.server.grace_period_s = 1;
+    f.server.drain_ms = 300;
     f.server.threads = 2;
     f.upstream.address = upstream.to_string();
     f.upstream.connect_timeout_ms = 500;
