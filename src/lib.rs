@@ -10,7 +10,8 @@
 //! - `cli`      — `serve`, `check-config`, `flag show|set`, `target`, `simulate`,
 //!   `record-backend`.
 //! - `ops`      — the `flag` commands: read and write `queue:flag` in Redis.
-//! - `server`   — builds the Pingora server: ports, upstream, store, services and their order.
+//! - `server`   — builds the Pingora server: ports, upstream, store, services and their order;
+//!   the shutdown signals (SIGTERM drains, then stops).
 //! - `gateway`  — the public listener (`ProxyHttp`): `route` (classification, `ApiOp`),
 //!   `hygiene` (header, method and upgrade spellings refused before routing), `api` (queue
 //!   handlers), `gate` (`decide`: the entry-token check), `limits` (connections at once,
