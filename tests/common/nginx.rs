@@ -18,8 +18,18 @@ pub struct Nginx {
 }
 
 impl Drop for Nginx {
+    /// SIGTERM to the master, which stops its workers; SIGKILL (which would orphan the workers,
+    /// still holding the port) only if it has not exited within 5 s.
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let stopped = wait_until(Duration::from_secs(5), || {
+            matches!(self.child.try_wait(), Ok(Some(_)))
+        });
+        if !stopped {
+            let _ = self.child.kill();
+        }
         let _ = self.child.wait();
     }
 }
