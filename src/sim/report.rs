@@ -758,25 +758,20 @@ mod tests {
     }
 
     fn trace(seq: u64, admitted: Option<u64>, last_waiting: Option<u64>) -> UserTrace {
-        UserTrace {
+        let plan = super::super::user::Plan {
             user: seq,
             sale: 0,
+            arrive: std::time::Duration::ZERO,
             fate: Fate::Stay,
             cheat: false,
-            arrived_ms: 0,
+            rng: super::super::user::Rng::new(seq),
+        };
+        UserTrace {
             seq: Some(seq),
-            first_eta: None,
             last_waiting_sent_ms: last_waiting,
             last_heartbeat_ms: last_waiting,
             admitted_ms: admitted,
-            direct: false,
-            purchased_ms: None,
-            purchase_tries: 0,
-            duplicate: false,
-            gone_ms: None,
-            lost: 0,
-            refused: None,
-            requests: Vec::new(),
+            ..UserTrace::new(&plan)
         }
     }
 

@@ -131,6 +131,32 @@ pub struct UserTrace {
     pub requests: Vec<Req>,
 }
 
+impl UserTrace {
+    /// A user who has done nothing yet.
+    pub fn new(plan: &Plan) -> UserTrace {
+        UserTrace {
+            user: plan.user,
+            sale: plan.sale,
+            fate: plan.fate,
+            cheat: plan.cheat,
+            arrived_ms: plan.arrive.as_millis() as u64,
+            seq: None,
+            first_eta: None,
+            last_waiting_sent_ms: None,
+            last_heartbeat_ms: None,
+            admitted_ms: None,
+            direct: false,
+            purchased_ms: None,
+            purchase_tries: 0,
+            duplicate: false,
+            gone_ms: None,
+            lost: 0,
+            refused: None,
+            requests: Vec::new(),
+        }
+    }
+}
+
 /// Live counts for the progress bar.
 #[derive(Debug, Default)]
 pub struct Counts {
@@ -350,26 +376,7 @@ enum Step {
 
 /// Plays one user from arrival to purchase, departure or the deadline.
 pub async fn run(ctx: &Ctx, sale: &Sale, mut plan: Plan) -> UserTrace {
-    let mut t = UserTrace {
-        user: plan.user,
-        sale: plan.sale,
-        fate: plan.fate,
-        cheat: plan.cheat,
-        arrived_ms: plan.arrive.as_millis() as u64,
-        seq: None,
-        first_eta: None,
-        last_waiting_sent_ms: None,
-        last_heartbeat_ms: None,
-        admitted_ms: None,
-        direct: false,
-        purchased_ms: None,
-        purchase_tries: 0,
-        duplicate: false,
-        gone_ms: None,
-        lost: 0,
-        refused: None,
-        requests: Vec::new(),
-    };
+    let mut t = UserTrace::new(&plan);
     let (queue, purchase) = (sale.queue_path(), sale.purchase_path());
     let entries = format!("{queue}/entries");
     let me = format!("{queue}/entries/me");
