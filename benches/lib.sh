@@ -44,7 +44,8 @@ PY
 }
 
 # start_gw NAME BACKEND REDIS_URL — a release gateway (GW_THREADS proxy threads, upstream on UP,
-# a tick long enough that the pump never admits during a run) on free ports; sets GW_<NAME>.
+# a tick long enough that the pump never admits during a run) on free ports; sets GW_<NAME> (its
+# port) and PID_<NAME>.
 start_gw() {
   local name=$1 backend=$2 url=$3 gw admin
   gw=$(port); admin=$(port)
@@ -66,6 +67,11 @@ max_capacity = 10000000
 enabled = true
 TOML
   RUST_LOG=error ./target/release/vq-gateway serve --config "$WORK/$name.toml" 2>"$WORK/$name.log" & PIDS+=($!)
+  printf -v "PID_$name" '%s' "$!"
   for _ in $(seq 100); do curl -sf "127.0.0.1:$admin/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
   printf -v "GW_$name" '%s' "$gw"
 }
+
+# cpu_ms PID — CPU time (user + system) the process has used so far, in ms.
+CLK_TCK=$(getconf CLK_TCK)
+cpu_ms() { awk -v hz="$CLK_TCK" '{ print int(($14 + $15) * 1000 / hz) }' "/proc/$1/stat"; }

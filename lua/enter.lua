@@ -1,84 +1,140 @@
 #!lua
--- enter.lua: join a target's waiting room (SPEC §4 Enter). Atomic so that concurrent duplicate
--- enters of one user get one seq and waste none, and the capacity check cannot race the INCR.
+-- enter.lua: users join a target's waiting room (SPEC §4 Enter), one or many per call: a gateway
+-- thread gathers the enters of one target that arrive in one turn of its event loop and sends
+-- them as one call (`store/redis/batch.rs`). The answers are those of the same enters made one
+-- after another in the order given: concurrent duplicate enters of one user get one seq and waste
+-- none, and the capacity check cannot race the INCRBY. The commands are per call, not per user
+-- (MGET, ZMSCORE, one INCRBY, one ZADD, one BITFIELD per bitmap), except ZRANK for a user who
+-- was already waiting.
 --
 -- KEYS[1] queue:{T}:waiting         ZSET userId -> seq
 -- KEYS[2] queue:{T}:queued          bitmap by seq: 1 while that seq waits (for the sweep)
--- KEYS[3] queue:{T}:seq             STRING, INCR
+-- KEYS[3] queue:{T}:seq             STRING, INCRBY
 -- KEYS[4] queue:{T}:admitted_count  STRING
 -- KEYS[5] queue:{T}:seqtime         ZSET "seq:ms" -> seq: sparse enter-time checkpoints, for wait
 --                                    statistics (a new one after 16 seqs or 1 s; ~6 bytes a user
 --                                    instead of a timestamp per user)
 -- KEYS[6] queue:{T}:waits           LIST of admission waits (ms)
 -- KEYS[7] queue:{T}:advances        LIST of "ms:admitted_count" samples
--- KEYS[8] queue:{T}:token:{userId}  STRING "expiresAt|token"
--- KEYS[9] queue:{T}:alive:{window}  bitmap by seq: heartbeats of the current window (the window
+-- KEYS[8] queue:{T}:alive:{window}  bitmap by seq: heartbeats of the current window (the window
 --                                    is the caller's: now / (heartbeat timeout / 4))
--- ARGV[1] userId, ARGV[2] now (ms), ARGV[3] capacity, ARGV[4] key TTL (ms),
--- ARGV[5] TTL of a window's bitmap (ms)
--- Reply: {"ADMITTED", "expiresAt|token"} | {"WAITING", seq, rank, opened} | {"FULL"}
+-- KEYS[8+i] queue:{T}:token:{userId i}  STRING "expiresAt|token"
+-- ARGV[1] now (ms), ARGV[2] capacity, ARGV[3] key TTL (ms), ARGV[4] TTL of a window's bitmap
+-- (ms), ARGV[4+i] userId i
+-- Reply: one per user, in order: {"ADMITTED", "expiresAt|token"} | {"WAITING", seq, rank, opened}
+--   | {"FULL"}
 --   opened: 1 when this enter put the first user into an empty waiting room (the caller then
 --   makes sure the target is on `queue:active`: the pump may have retired it as empty)
 --
 -- Key lifetimes: every key this script may create gets the TTL in the same call (a fresh
 -- sequence, an empty waiting room, a new checkpoint), and the TTL of all seven is extended with
 -- every checkpoint (at most once per 16 enters or per second) and by every admission step
--- (advance.lua), not on every enter: seven PEXPIREs were half of an enter's commands.
+-- (advance.lua), not on every enter.
 --
 -- The `#!lua` shebang (no allow-oom flag) makes Redis refuse the whole script under maxmemory
 -- before it runs, instead of failing at its first write and keeping the writes before it.
 
-local user, now, capacity, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-
-local stored = redis.call('GET', KEYS[8])
-if stored then
-  return {'ADMITTED', stored}
+local now, capacity, ttl, window_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local n = #ARGV - 4
+local users = {}
+for i = 1, n do
+  users[i] = ARGV[4 + i]
 end
 
-local function touch()
-  for i = 1, 7 do
-    redis.call('PEXPIRE', KEYS[i], ttl)
+local stored = redis.call('MGET', unpack(KEYS, 9, 8 + n))
+local scores = redis.call('ZMSCORE', KEYS[1], unpack(users))
+local waiting = redis.call('ZCARD', KEYS[1])
+local before = waiting
+
+-- First pass: each user's answer in order; new users get their place (an index into the new
+-- seqs) while there is room, and a repeated new user gets the place of its first enter.
+local replies, fresh, places, nfresh = {}, {}, {}, 0
+for i = 1, n do
+  local user = users[i]
+  if stored[i] then
+    replies[i] = {'ADMITTED', stored[i]}
+  elseif scores[i] then
+    replies[i] = 'known'
+  elseif fresh[user] then
+    replies[i] = 'again'
+  elseif waiting >= capacity then
+    replies[i] = {'FULL'}
+  else
+    nfresh = nfresh + 1
+    fresh[user] = nfresh
+    places[nfresh] = {user, waiting, waiting == 0 and 1 or 0}
+    waiting = waiting + 1
   end
 end
 
--- The heartbeat: the seq's bit in this window's bitmap, which expires on its own (NX: the
--- first writer of a window sets its lifetime; polls only set bits).
-local function heartbeat(s)
-  redis.call('SETBIT', KEYS[9], s, 1)
-  redis.call('PEXPIRE', KEYS[9], ARGV[5], 'NX')
+local first = 0
+if nfresh > 0 then
+  local last = redis.call('INCRBY', KEYS[3], nfresh)
+  first = last - nfresh + 1
+  if first == 1 then
+    -- A fresh sequence must start from a fresh mark: a stale admitted_count left behind by an
+    -- expired seq would admit newcomers at once (and stale queued bits would name new users).
+    redis.call('DEL', KEYS[2], KEYS[4], KEYS[7])
+  end
+  local zadd, queued = {}, {}
+  for p = 1, nfresh do
+    local s = first + p - 1
+    zadd[#zadd + 1] = s
+    zadd[#zadd + 1] = places[p][1]
+    queued[#queued + 1] = 'SET'
+    queued[#queued + 1] = 'u1'
+    queued[#queued + 1] = s
+    queued[#queued + 1] = 1
+  end
+  redis.call('ZADD', KEYS[1], unpack(zadd))
+  redis.call('BITFIELD', KEYS[2], unpack(queued))
 end
 
-local seq = redis.call('ZSCORE', KEYS[1], user)
-if seq then
-  heartbeat(tonumber(seq))
-  return {'WAITING', seq, redis.call('ZRANK', KEYS[1], user), 0}
+-- Second pass: the answers of waiting users, and their heartbeats (one bit each in this
+-- window's bitmap, which expires on its own: NX, the first writer of a window sets its lifetime).
+local beats = {}
+for i = 1, n do
+  local r, s = replies[i], nil
+  if r == 'known' then
+    s = scores[i]
+    replies[i] = {'WAITING', s, redis.call('ZRANK', KEYS[1], users[i]), 0}
+  elseif r == 'again' then
+    s = first + fresh[users[i]] - 1
+    replies[i] = {'WAITING', tostring(s), places[fresh[users[i]]][2], 0}
+  elseif r == nil then
+    local place = fresh[users[i]]
+    s = first + place - 1
+    replies[i] = {'WAITING', tostring(s), places[place][2], places[place][3]}
+  end
+  if s then
+    beats[#beats + 1] = 'SET'
+    beats[#beats + 1] = 'u1'
+    beats[#beats + 1] = s
+    beats[#beats + 1] = 1
+  end
+end
+if #beats > 0 then
+  redis.call('BITFIELD', KEYS[8], unpack(beats))
+  redis.call('PEXPIRE', KEYS[8], window_ttl, 'NX')
 end
 
-local waiting = redis.call('ZCARD', KEYS[1])
-if waiting >= capacity then
-  return {'FULL'}
+if nfresh > 0 then
+  local s = first + nfresh - 1
+  local last = redis.call('ZREVRANGE', KEYS[5], 0, 0)[1]
+  local last_seq, last_ms = 0, 0
+  if last then
+    last_seq, last_ms = string.match(last, '^(%d+):(%d+)$')
+    last_seq, last_ms = tonumber(last_seq), tonumber(last_ms)
+  end
+  local checkpoint = not last or s - last_seq >= 16 or now - last_ms >= 1000
+  if checkpoint then
+    -- Every seq up to s entered by now (the users of one call enter at the same time).
+    redis.call('ZADD', KEYS[5], s, string.format('%d:%d', s, now))
+  end
+  if checkpoint or first == 1 or before == 0 then
+    for k = 1, 7 do
+      redis.call('PEXPIRE', KEYS[k], ttl)
+    end
+  end
 end
-
-local s = redis.call('INCR', KEYS[3])
-if s == 1 then
-  -- A fresh sequence must start from a fresh mark: a stale admitted_count left behind by an
-  -- expired seq would admit newcomers at once (and stale queued bits would name new users).
-  redis.call('DEL', KEYS[2], KEYS[4], KEYS[7])
-end
-redis.call('ZADD', KEYS[1], s, user)
-redis.call('SETBIT', KEYS[2], s, 1)
-heartbeat(s)
-local last = redis.call('ZREVRANGE', KEYS[5], 0, 0)[1]
-local last_seq, last_ms = 0, 0
-if last then
-  last_seq, last_ms = string.match(last, '^(%d+):(%d+)$')
-  last_seq, last_ms = tonumber(last_seq), tonumber(last_ms)
-end
-local checkpoint = not last or s - last_seq >= 16 or tonumber(now) - last_ms >= 1000
-if checkpoint then
-  redis.call('ZADD', KEYS[5], s, string.format('%d:%d', s, tonumber(now)))
-end
-if checkpoint or s == 1 or waiting == 0 then
-  touch()
-end
-return {'WAITING', tostring(s), waiting, waiting == 0 and 1 or 0}
+return replies

@@ -131,6 +131,7 @@ async fn connected_cluster(cluster: &RedisCluster) -> Arc<RedisStore> {
 contract!(
     enter_is_ordered_and_idempotent,
     concurrent_duplicate_enters_waste_no_seq,
+    simultaneous_calls_answer_as_one_after_another,
     ranks_follow_leaves_but_seqs_stay,
     advance_admits_live_users_only,
     advance_is_guarded_capped_and_monotonic,
@@ -172,6 +173,72 @@ async fn concurrent_duplicate_enters_waste_no_seq(s: &dyn QueueStore) {
         assert_eq!(r.unwrap(), EnterOutcome::Waiting { seq: 2, ahead: 1 });
     }
     assert_eq!(enter(s, t, 8).await, (3, 2));
+}
+
+/// Enters and polls made at the same time answer as the same calls made one after another in
+/// some order: duplicates, the capacity reached in the middle, users already waiting or
+/// admitted, users never seen. (The Redis store sends the calls of one thread and target that
+/// are ready together as one script call; on a multi-threaded runtime, as here, calls of
+/// different threads are in no set order.)
+async fn simultaneous_calls_answer_as_one_after_another(s: &dyn QueueStore) {
+    let t = target(12);
+    assert_eq!(enter(s, t, 8).await, (1, 0));
+    assert_eq!(enter(s, t, 9).await, (2, 1));
+    let users = [1, 2, 1, 8, 3, 4, 2, 5];
+    let entered = futures_join_all(users.iter().map(|u| s.enter(t, *u, now(), 4))).await;
+    let mut by_user = std::collections::BTreeMap::new();
+    for (user, got) in users.iter().zip(entered) {
+        let got = got.unwrap();
+        // A user's simultaneous enters all answer the same.
+        assert_eq!(
+            *by_user.entry(*user).or_insert(got.clone()),
+            got,
+            "user {user}"
+        );
+    }
+    assert_eq!(by_user[&8], EnterOutcome::Waiting { seq: 1, ahead: 0 });
+    // Room for two more: two of the five newcomers got seqs 3 and 4, the rest are refused.
+    let mut placed: Vec<(u64, u64)> = Vec::new();
+    for user in [1, 2, 3, 4, 5] {
+        match by_user[&user] {
+            EnterOutcome::Waiting { seq, ahead } => placed.push((seq, ahead)),
+            EnterOutcome::Full => {}
+            ref other => panic!("user {user}: {other:?}"),
+        }
+    }
+    placed.sort();
+    assert_eq!(placed, vec![(3, 2), (4, 3)]);
+    let polled_users = [1, 99, 2, 8, 1];
+    let polled =
+        futures_join_all(polled_users.map(|u| s.poll(t, u, now(), &|| candidate("never")))).await;
+    for (user, got) in polled_users.iter().zip(polled) {
+        let want = match by_user.get(user) {
+            Some(EnterOutcome::Waiting { seq, ahead }) => PollOutcome::Waiting {
+                seq: *seq,
+                ahead: *ahead,
+            },
+            _ => PollOutcome::NotInQueue,
+        };
+        assert_eq!(got.unwrap(), want, "poll of user {user}");
+    }
+    // No seq went to a refused or repeated enter.
+    assert_eq!(enter(s, t, 6).await, (5, 4));
+    // User 8 is admitted; entering again with a newcomer answers its token.
+    s.advance(t, 1, GUARD, now()).await.unwrap();
+    let PollOutcome::Admitted { token, .. } = poll(s, t, 8, "token-8").await else {
+        panic!("user 8 was not admitted");
+    };
+    let both = futures_join_all([8, 10].map(|u| s.enter(t, u, now(), CAP))).await;
+    assert!(
+        matches!(&both[0], Ok(EnterOutcome::Admitted { token: tk, .. }) if *tk == token),
+        "{:?}",
+        both[0]
+    );
+    assert!(
+        matches!(both[1], Ok(EnterOutcome::Waiting { seq: 6, .. })),
+        "{:?}",
+        both[1]
+    );
 }
 
 async fn ranks_follow_leaves_but_seqs_stay(s: &dyn QueueStore) {
@@ -647,6 +714,96 @@ async fn a_retired_target_is_listed_again_when_users_return() {
         0,
         "the refused user holds no place"
     );
+}
+
+/// `EVALSHA` calls Redis has run so far.
+fn evalsha_calls(redis: &RedisServer) -> i64 {
+    let info = redis.cmd(&["INFO", "commandstats"]).as_str().unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// On one thread (a proxy worker's runtime), the enters of one target that are ready together go
+/// to Redis as one script call, and so do the polls; each caller gets the answer it would have
+/// got alone, in the order the calls were made.
+#[tokio::test]
+async fn simultaneous_enters_and_polls_of_a_target_are_one_script_call() {
+    let redis = RedisServer::start();
+    let store = connected_redis(&redis).await;
+    let s = store.as_ref();
+    let t = target(1);
+    assert_eq!(enter(s, t, 1000).await, (1, 0)); // admits the target to queue:active first
+    let before = evalsha_calls(&redis);
+    let entered = futures_join_all((1..=40).map(|u| s.enter(t, u, now(), CAP))).await;
+    assert_eq!(evalsha_calls(&redis) - before, 1);
+    for (u, r) in (1..=40).zip(entered) {
+        assert_eq!(
+            r.unwrap(),
+            EnterOutcome::Waiting {
+                seq: u + 1,
+                ahead: u
+            }
+        );
+    }
+    let before = evalsha_calls(&redis);
+    let polled =
+        futures_join_all((1..=40).map(|u| s.poll(t, u, now(), &|| candidate("never")))).await;
+    assert_eq!(evalsha_calls(&redis) - before, 1);
+    for (u, r) in (1..=40).zip(polled) {
+        assert_eq!(
+            r.unwrap(),
+            PollOutcome::Waiting {
+                seq: u + 1,
+                ahead: u
+            }
+        );
+    }
+
+    // One call with duplicates, users already waiting and the capacity reached in the middle
+    // (41 waiting, room for 2 more).
+    let users = [50, 51, 50, 7, 52, 53, 51];
+    let before = evalsha_calls(&redis);
+    let entered = futures_join_all(users.map(|u| s.enter(t, u, now(), 43))).await;
+    assert_eq!(evalsha_calls(&redis) - before, 1);
+    let waiting = |seq, ahead| EnterOutcome::Waiting { seq, ahead };
+    let expected = [
+        waiting(42, 41),
+        waiting(43, 42),
+        waiting(42, 41),
+        waiting(8, 7),
+        EnterOutcome::Full,
+        EnterOutcome::Full,
+        waiting(43, 42),
+    ];
+    for ((user, got), want) in users.iter().zip(entered).zip(expected) {
+        assert_eq!(got.unwrap(), want, "enter of user {user}");
+    }
+    assert_eq!(
+        enter(s, t, 54).await,
+        (44, 43),
+        "no seq went to a refused or repeated enter"
+    );
+
+    // Another target's calls do not share.
+    let before = evalsha_calls(&redis);
+    let other = target(2);
+    enter(s, other, 1).await;
+    let both = futures_join_all(
+        [(t, 1), (other, 1)].map(|(t, u)| s.poll(t, u, now(), &|| candidate("x"))),
+    )
+    .await;
+    assert_eq!(
+        both[0].as_ref().unwrap(),
+        &PollOutcome::Waiting { seq: 2, ahead: 1 }
+    );
+    assert_eq!(
+        both[1].as_ref().unwrap(),
+        &PollOutcome::Waiting { seq: 1, ahead: 0 }
+    );
+    // The new target's enter: admit.lua, enter.lua, and admit.lua again for the room it opened.
+    assert_eq!(evalsha_calls(&redis) - before, 3 + 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

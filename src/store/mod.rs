@@ -42,7 +42,7 @@ pub const BYTES_PER_WAITING_USER: u64 = 120;
 /// How many advance samples (time, mark) a target keeps for its rate.
 pub const ADVANCE_SAMPLES: usize = 64;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The store could not be reached (disconnected, refused): callers degrade per their mode.
     #[error("store unavailable: {0}")]

@@ -137,7 +137,7 @@ impl TargetKeys {
         }
     }
 
-    /// The seven keys every write script refreshes together (KEYS[1..7] of enter, poll and
+    /// The seven keys every write script refreshes together (KEYS[1..7] of enter, issue and
     /// advance), so that no key of a target outlives the others.
     fn shared_keys(&self) -> Vec<String> {
         [
@@ -154,8 +154,29 @@ impl TargetKeys {
         .collect()
     }
 
-    /// KEYS of enter.lua, poll.lua and issue.lua: the shared seven, the user's token key, and
-    /// the bitmap of the heartbeat window the call falls in.
+    /// KEYS of enter.lua for `users` (in order): the shared seven, the bitmap of the heartbeat
+    /// window the call falls in, then each user's token key.
+    pub fn enter_keys(&self, window: u64, users: &[u64]) -> Vec<String> {
+        let mut keys = self.shared_keys();
+        keys.push(self.of(Key::Alive(window)));
+        keys.extend(users.iter().map(|u| self.of(Key::Token(*u))));
+        keys
+    }
+
+    /// KEYS of poll.lua for `users` (in order): waiting, admitted_count, the heartbeat window's
+    /// bitmap, then each user's token key.
+    pub fn poll_keys(&self, window: u64, users: &[u64]) -> Vec<String> {
+        let mut keys = vec![
+            self.of(Key::Waiting),
+            self.of(Key::AdmittedCount),
+            self.of(Key::Alive(window)),
+        ];
+        keys.extend(users.iter().map(|u| self.of(Key::Token(*u))));
+        keys
+    }
+
+    /// KEYS of issue.lua: the shared seven, the user's token key, and the bitmap of the
+    /// heartbeat window the call falls in.
     pub fn queue_keys(&self, user: u64, window: u64) -> Vec<String> {
         let mut keys = self.shared_keys();
         keys.push(self.of(Key::Token(user)));

@@ -23,12 +23,14 @@ use fred::prelude::*;
 use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand};
 
+mod batch;
 mod cluster;
 mod pipe;
 mod sentinel;
 mod settings;
 pub mod url;
 
+use batch::{BatchKey, Kind};
 use cluster::{ClusterError, ClusterPipes};
 use pipe::{PipeError, Pipes};
 use sentinel::SentinelWatch;
@@ -69,11 +71,20 @@ pub struct RedisStore {
     client: Client,
     options: Options,
     started: std::sync::atomic::AtomicBool,
-    scripts: Scripts,
+    scripts: Arc<Scripts>,
     registered: Mutex<HashMap<QueueTarget, Instant>>,
     max_targets: usize,
     liveness: Liveness,
-    /// Script calls pipelined on a connection per thread (plain single-server URLs).
+    /// Makes the script calls; shared with the tasks that send gathered enters and polls.
+    caller: Arc<Caller>,
+    /// Tells this store's gathered calls from another store's on the same thread.
+    id: u64,
+    deployment: Deployment,
+}
+
+/// Script calls: where they go and how they get there.
+struct Caller {
+    client: Client,
     /// Where script calls go.
     route: Route,
     /// Sentinel: asks the sentinels which server is the primary.
@@ -83,7 +94,6 @@ pub struct RedisStore {
     /// Sentinel: the primary the pipelined connections point at, as fred last reported it.
     primary: Mutex<Option<fred::types::config::Server>>,
     command_timeout: Duration,
-    deployment: Deployment,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -131,19 +141,24 @@ impl RedisStore {
             ..Default::default()
         };
         let watch = SentinelWatch::new(&sentinel_config, client.clone()).map(Arc::new);
-        Ok(RedisStore {
-            client,
-            options,
-            started: std::sync::atomic::AtomicBool::new(false),
-            scripts: Scripts::load(),
-            registered: Mutex::new(HashMap::new()),
-            max_targets: DEFAULT_MAX_TARGETS,
-            liveness: Liveness::default(),
+        let caller = Arc::new(Caller {
+            client: client.clone(),
             route,
             watch,
             followed: std::sync::atomic::AtomicU64::new(0),
             primary: Mutex::new(None),
             command_timeout,
+        });
+        Ok(RedisStore {
+            client,
+            options,
+            started: std::sync::atomic::AtomicBool::new(false),
+            scripts: Arc::new(Scripts::load()),
+            registered: Mutex::new(HashMap::new()),
+            max_targets: DEFAULT_MAX_TARGETS,
+            liveness: Liveness::default(),
+            caller,
+            id: batch::store_id(),
             deployment,
         })
     }
@@ -211,13 +226,94 @@ impl RedisStore {
         keys: Vec<String>,
         argv: Vec<Value>,
     ) -> Result<Value, StoreError> {
+        self.caller.eval(script, &keys, &argv).await
+    }
+
+    /// `SET key value NX PX ttl` (through `setnx.lua`, which runs under maxmemory too): true when
+    /// this call set it, false when the key existed.
+    async fn set_nx_px(&self, key: String, value: &str, ttl: Duration) -> Result<bool, StoreError> {
+        let ttl_ms = millis(ttl).max(1);
+        let argv = vec![value.into(), ttl_ms.to_string().into()];
+        let reply = self.eval(&self.scripts.setnx, vec![key], argv).await?;
+        Ok(as_u64(&reply, "setnx")? == 1)
+    }
+
+    /// The heartbeat window (`queue.heartbeat_timeout_s`; every replica must use the same).
+    pub fn with_liveness(mut self, liveness: Liveness) -> RedisStore {
+        self.liveness = liveness;
+        self
+    }
+
+    /// Caps the number of targets with a live queue (`queue:active`).
+    pub fn with_max_targets(mut self, max: usize) -> RedisStore {
+        self.max_targets = max.max(1);
+        self
+    }
+
+    /// Whether `target` may get a queue: it is in `queue:active`, or there is room and it is
+    /// added in the same step (`admit.lua`: exact under concurrency).
+    async fn admits_target(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        let argv = vec![
+            target.to_string().into(),
+            self.max_targets.to_string().into(),
+        ];
+        let reply = self
+            .eval(&self.scripts.admit, vec![ACTIVE_KEY.to_string()], argv)
+            .await?;
+        Ok(as_u64(&reply, "admit")? == 1)
+    }
+
+    /// Whether this instance saw `target` admitted to `queue:active` within `ACTIVE_REFRESH`.
+    fn admitted_recently(&self, target: QueueTarget) -> bool {
+        self.registered
+            .lock()
+            .get(&target)
+            .is_some_and(|at| at.elapsed() < ACTIVE_REFRESH)
+    }
+
+    /// `admit.lua`, remembering a success for `ACTIVE_REFRESH`.
+    async fn admit_and_note(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        let admitted = self.admits_target(target).await?;
+        let mut seen = self.registered.lock();
+        if admitted {
+            let now = Instant::now();
+            if seen.len() > 2 * self.max_targets {
+                seen.retain(|_, at| now.duration_since(*at) < ACTIVE_REFRESH);
+            }
+            seen.insert(target, now);
+        } else {
+            seen.remove(&target);
+        }
+        Ok(admitted)
+    }
+
+    /// Re-adds a target with waiting users to `queue:active` at most every `ACTIVE_REFRESH` per
+    /// instance (the pump drops targets whose keys expired; a Redis that restarted empty lost
+    /// `queue:active` with them). Through the cap like any new queue: re-adding never lets the
+    /// count pass it.
+    async fn register(&self, target: QueueTarget) -> Result<(), StoreError> {
+        if !self.admitted_recently(target) {
+            self.admit_and_note(target).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Caller {
+    /// Runs `script` on the server that holds its keys (its first key's slot in a cluster).
+    async fn eval(
+        &self,
+        script: &Script,
+        keys: &[String],
+        argv: &[Value],
+    ) -> Result<Value, StoreError> {
         match &self.route {
-            Route::Direct(pipes) => self.eval_piped(pipes, script, &keys, &argv).await,
+            Route::Direct(pipes) => self.eval_piped(pipes, script, keys, argv).await,
             Route::Primary(pipes) => {
                 self.follow_primary(pipes)?;
-                self.eval_piped(pipes, script, &keys, &argv).await
+                self.eval_piped(pipes, script, keys, argv).await
             }
-            Route::Cluster(cluster) => self.eval_cluster(cluster, script, &keys, &argv).await,
+            Route::Cluster(cluster) => self.eval_cluster(cluster, script, keys, argv).await,
         }
     }
 
@@ -320,75 +416,6 @@ impl RedisStore {
             Ok(r) => r.map_err(Some),
         }
     }
-
-    /// `SET key value NX PX ttl` (through `setnx.lua`, which runs under maxmemory too): true when
-    /// this call set it, false when the key existed.
-    async fn set_nx_px(&self, key: String, value: &str, ttl: Duration) -> Result<bool, StoreError> {
-        let ttl_ms = millis(ttl).max(1);
-        let argv = vec![value.into(), ttl_ms.to_string().into()];
-        let reply = self.eval(&self.scripts.setnx, vec![key], argv).await?;
-        Ok(as_u64(&reply, "setnx")? == 1)
-    }
-
-    /// The heartbeat window (`queue.heartbeat_timeout_s`; every replica must use the same).
-    pub fn with_liveness(mut self, liveness: Liveness) -> RedisStore {
-        self.liveness = liveness;
-        self
-    }
-
-    /// Caps the number of targets with a live queue (`queue:active`).
-    pub fn with_max_targets(mut self, max: usize) -> RedisStore {
-        self.max_targets = max.max(1);
-        self
-    }
-
-    /// Whether `target` may get a queue: it is in `queue:active`, or there is room and it is
-    /// added in the same step (`admit.lua`: exact under concurrency).
-    async fn admits_target(&self, target: QueueTarget) -> Result<bool, StoreError> {
-        let argv = vec![
-            target.to_string().into(),
-            self.max_targets.to_string().into(),
-        ];
-        let reply = self
-            .eval(&self.scripts.admit, vec![ACTIVE_KEY.to_string()], argv)
-            .await?;
-        Ok(as_u64(&reply, "admit")? == 1)
-    }
-
-    /// Whether this instance saw `target` admitted to `queue:active` within `ACTIVE_REFRESH`.
-    fn admitted_recently(&self, target: QueueTarget) -> bool {
-        self.registered
-            .lock()
-            .get(&target)
-            .is_some_and(|at| at.elapsed() < ACTIVE_REFRESH)
-    }
-
-    /// `admit.lua`, remembering a success for `ACTIVE_REFRESH`.
-    async fn admit_and_note(&self, target: QueueTarget) -> Result<bool, StoreError> {
-        let admitted = self.admits_target(target).await?;
-        let mut seen = self.registered.lock();
-        if admitted {
-            let now = Instant::now();
-            if seen.len() > 2 * self.max_targets {
-                seen.retain(|_, at| now.duration_since(*at) < ACTIVE_REFRESH);
-            }
-            seen.insert(target, now);
-        } else {
-            seen.remove(&target);
-        }
-        Ok(admitted)
-    }
-
-    /// Re-adds a target with waiting users to `queue:active` at most every `ACTIVE_REFRESH` per
-    /// instance (the pump drops targets whose keys expired; a Redis that restarted empty lost
-    /// `queue:active` with them). Through the cap like any new queue: re-adding never lets the
-    /// count pass it.
-    async fn register(&self, target: QueueTarget) -> Result<(), StoreError> {
-        if !self.admitted_recently(target) {
-            self.admit_and_note(target).await?;
-        }
-        Ok(())
-    }
 }
 
 /// `EVALSHA sha numkeys key... arg...` as the bytes sent.
@@ -463,15 +490,31 @@ impl QueueStore for RedisStore {
         if !known && !self.admit_and_note(target).await? {
             return Ok(EnterOutcome::TooManyTargets);
         }
-        let keys = TargetKeys::new(target).queue_keys(user, self.liveness.window(now.epoch_ms));
-        let argv = vec![
-            user.to_string().into(),
-            now.epoch_ms.to_string().into(),
-            capacity.to_string().into(),
-            KEY_TTL_MS.to_string().into(),
-            self.liveness.key_ttl_ms().to_string().into(),
-        ];
-        let (outcome, opened) = replies::enter(self.eval(&self.scripts.enter, keys, argv).await?)?;
+        let key = BatchKey {
+            store: self.id,
+            kind: Kind::Enter { capacity },
+            target,
+            window: self.liveness.window(now.epoch_ms),
+        };
+        let reply = batch::join(key, user, now.epoch_ms, || {
+            let (caller, scripts) = (self.caller.clone(), self.scripts.clone());
+            let window_ttl = self.liveness.key_ttl_ms();
+            Box::new(move |users, now_ms| {
+                Box::pin(async move {
+                    let keys = TargetKeys::new(target).enter_keys(key.window, &users);
+                    let mut argv: Vec<Value> = vec![
+                        now_ms.to_string().into(),
+                        capacity.to_string().into(),
+                        KEY_TTL_MS.to_string().into(),
+                        window_ttl.to_string().into(),
+                    ];
+                    argv.extend(users.iter().map(|u| u.to_string().into()));
+                    reply_array(caller.eval(&scripts.enter, &keys, &argv).await?, "enter")
+                })
+            })
+        })
+        .await?;
+        let (outcome, opened) = replies::enter(reply)?;
         if opened {
             // This enter opened an empty waiting room, which the pump may have retired from
             // queue:active at any moment before (an empty target is retired after two ticks,
@@ -493,9 +536,23 @@ impl QueueStore for RedisStore {
         mint: Mint<'_>,
     ) -> Result<PollOutcome, StoreError> {
         let window = self.liveness.window(now.epoch_ms);
-        let keys = TargetKeys::new(target).queue_keys(user, window);
-        let argv = vec![user.to_string().into()];
-        let reply = self.eval(&self.scripts.poll, keys, argv).await?;
+        let key = BatchKey {
+            store: self.id,
+            kind: Kind::Poll,
+            target,
+            window,
+        };
+        let reply = batch::join(key, user, now.epoch_ms, || {
+            let (caller, scripts) = (self.caller.clone(), self.scripts.clone());
+            Box::new(move |users, _now_ms| {
+                Box::pin(async move {
+                    let keys = TargetKeys::new(target).poll_keys(window, &users);
+                    let argv: Vec<Value> = users.iter().map(|u| u.to_string().into()).collect();
+                    reply_array(caller.eval(&scripts.poll, &keys, &argv).await?, "poll")
+                })
+            })
+        })
+        .await?;
         let outcome = match replies::poll(reply)? {
             PollReply::Outcome(o) => o,
             // Admitted by the pump: sign the token now (once per user) and store it.
@@ -513,7 +570,6 @@ impl QueueStore for RedisStore {
                     KEY_TTL_MS.to_string().into(),
                     WAIT_SAMPLES.to_string().into(),
                 ];
-                // The same keys again, built here rather than copied on every poll.
                 let keys = TargetKeys::new(target).queue_keys(user, window);
                 replies::issue(self.eval(&self.scripts.issue, keys, argv).await?)?
             }
@@ -728,7 +784,7 @@ impl QueueStore for RedisStore {
     }
 
     async fn reconnect(&self) {
-        match &self.route {
+        match &self.caller.route {
             Route::Direct(pipes) | Route::Primary(pipes) => pipes.reconnect(),
             Route::Cluster(cluster) => cluster.reconnect(),
         }
