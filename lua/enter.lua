@@ -67,7 +67,8 @@ for i = 1, n do
   end
 end
 
-local first = 0
+-- Numbers reach Redis as text: each new seq is formatted once, and the constants are text.
+local first, seqs = 0, {}
 if nfresh > 0 then
   local last = redis.call('INCRBY', KEYS[3], nfresh)
   first = last - nfresh + 1
@@ -78,13 +79,14 @@ if nfresh > 0 then
   end
   local zadd, queued = {}, {}
   for p = 1, nfresh do
-    local s = first + p - 1
+    local s = tostring(first + p - 1)
+    seqs[p] = s
     zadd[#zadd + 1] = s
     zadd[#zadd + 1] = places[p][1]
     queued[#queued + 1] = 'SET'
     queued[#queued + 1] = 'u1'
     queued[#queued + 1] = s
-    queued[#queued + 1] = 1
+    queued[#queued + 1] = '1'
   end
   redis.call('ZADD', KEYS[1], unpack(zadd))
   redis.call('BITFIELD', KEYS[2], unpack(queued))
@@ -99,18 +101,18 @@ for i = 1, n do
     s = scores[i]
     replies[i] = {'WAITING', s, redis.call('ZRANK', KEYS[1], users[i]), 0}
   elseif r == 'again' then
-    s = first + fresh[users[i]] - 1
-    replies[i] = {'WAITING', tostring(s), places[fresh[users[i]]][2], 0}
+    s = seqs[fresh[users[i]]]
+    replies[i] = {'WAITING', s, places[fresh[users[i]]][2], 0}
   elseif r == nil then
     local place = fresh[users[i]]
-    s = first + place - 1
-    replies[i] = {'WAITING', tostring(s), places[place][2], places[place][3]}
+    s = seqs[place]
+    replies[i] = {'WAITING', s, places[place][2], places[place][3]}
   end
   if s then
     beats[#beats + 1] = 'SET'
     beats[#beats + 1] = 'u1'
     beats[#beats + 1] = s
-    beats[#beats + 1] = 1
+    beats[#beats + 1] = '1'
   end
 end
 if #beats > 0 then
@@ -129,7 +131,7 @@ if nfresh > 0 then
   local checkpoint = not last or s - last_seq >= 16 or now - last_ms >= 1000
   if checkpoint then
     -- Every seq up to s entered by now (the users of one call enter at the same time).
-    redis.call('ZADD', KEYS[5], s, string.format('%d:%d', s, now))
+    redis.call('ZADD', KEYS[5], seqs[nfresh], seqs[nfresh] .. ':' .. ARGV[1])
   end
   if checkpoint or first == 1 or before == 0 then
     for k = 1, 7 do

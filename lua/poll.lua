@@ -35,7 +35,7 @@ for i = 1, #ARGV do
     beats[#beats + 1] = 'SET'
     beats[#beats + 1] = 'u1'
     beats[#beats + 1] = seq
-    beats[#beats + 1] = 1
+    beats[#beats + 1] = '1'
     replies[i] = {'WAITING', seq, redis.call('ZRANK', KEYS[1], ARGV[i])}
   end
 end
