@@ -1,21 +1,20 @@
 //! Enters and polls gathered per thread and target, and sent as one script call.
 //!
 //! In a sale, many requests for the same target are ready in the same turn of a proxy thread's
-//! event loop. The first of them opens a batch for its (store, script, target, heartbeat window)
-//! and spawns a task that yields once, so that every request task already runnable on the thread
-//! runs first and joins the batch. The task then sends the batch as one `enter.lua` /
-//! `poll.lua` call and hands each caller its own reply. The scripts answer exactly as the same
-//! calls made one after another in the order joined. A batch that reaches `MAX_BATCH` users is
-//! sent at once.
+//! event loop. A call that finds no open batch for its (store, script, target, heartbeat window)
+//! opens one and leads it. If no call of that key is in flight on the thread, the leader sends
+//! at once: a call alone pays nothing for batching. If one is in flight, more are likely to come,
+//! so the leader first lets every task already runnable on the thread run (one pass of the run
+//! queue); those that call the same script for the same target join its batch. The leader then
+//! sends the batch as one `enter.lua` / `poll.lua` call and hands each caller its own reply; the
+//! scripts answer exactly as the same calls made one after another in the order joined. A batch
+//! that reaches `MAX_BATCH` users is sent at once by the call that filled it.
 //!
-//! Nothing else changes for a caller: it waits within its own deadline (a caller that gave up
-//! leaves its user in the batch, as a pipelined call that timed out is still executed), and a
-//! call that fails fails every user of its batch with the same error. Every open batch has a
-//! task that will send it: a batch is sent only by whoever removes it from the map, and a
-//! request that finds no open batch opens one and spawns its task.
-//!
-//! The open batches of a thread sit behind an `Arc<Mutex>` that the task holds, so a task that
-//! runs on another thread (a multi-threaded runtime) still sends the batch it was spawned for.
+//! Each caller still waits within its own deadline, and a call that fails fails every user of
+//! its batch with the same error. A leader dropped before it answered (its deadline passed)
+//! closes its batch, and the others send their users alone. The open batches of a thread sit
+//! behind an `Arc<Mutex>` the leader holds, so a leader that resumes on another thread (a
+//! multi-threaded runtime) still finds its batch.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -59,91 +58,195 @@ pub type Sent = Result<Vec<Value>, StoreError>;
 
 #[derive(Default)]
 struct Batch {
+    /// Tells this batch from a later one for the same key.
+    id: u64,
     users: Vec<u64>,
     now_ms: u64,
     replies: Vec<oneshot::Sender<Result<Value, StoreError>>>,
 }
 
-type Open = Arc<Mutex<HashMap<BatchKey, Batch>>>;
+/// A thread's open batches, and how many calls of each key it has in flight.
+#[derive(Default)]
+struct Batches {
+    open: HashMap<BatchKey, Batch>,
+    in_flight: HashMap<BatchKey, u32>,
+}
+
+type Open = Arc<Mutex<Batches>>;
 
 thread_local! {
     static OPEN: Open = Open::default();
 }
 
-static NEXT_STORE: AtomicU64 = AtomicU64::new(1);
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A new store's id, telling its batches from another store's on the same thread.
 pub fn store_id() -> u64 {
-    NEXT_STORE.fetch_add(1, Ordering::Relaxed)
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
 }
 
 /// What joining a batch asks of the caller.
 enum Joined {
-    /// The batch was open already: its task sends it.
+    /// The batch was open already: its leader sends it.
     Waits,
-    /// This call opened the batch: spawn the task that sends it after a yield.
-    Opened(Open),
-    /// This call filled the batch: send it now.
-    Full(Batch),
+    /// This call opened batch `id`: it leads it, and sends it at once, or after one pass of
+    /// the run queue when a call of the same key is in flight (`busy`: others are likely to
+    /// come, and the batch waits for them).
+    Leads { open: Open, id: u64, busy: bool },
+    /// This call filled the batch: it sends it now.
+    Full(Open, Batch),
 }
 
 /// Adds `user` to this thread's open batch for `key` (opening one if there is none) and waits
-/// for its reply. `send` is called at most once, by the task that sends the batch.
+/// for its reply. `send` makes the sender of a batch; a caller uses it when it leads a batch,
+/// and to send its user alone when the leader of its batch was dropped (its own deadline passed)
+/// before answering: enters and polls may run twice, with the same answers.
 pub async fn join(
     key: BatchKey,
     user: u64,
     now_ms: u64,
-    send: impl FnOnce() -> SendBatch,
+    send: impl Fn() -> SendBatch,
 ) -> Result<Value, StoreError> {
     let (tx, rx) = oneshot::channel();
     let joined = OPEN.with(|open| {
         let mut batches = open.lock();
-        let batch = batches.entry(key).or_default();
+        let busy = batches.in_flight.contains_key(&key);
+        let batch = batches.open.entry(key).or_insert_with(|| Batch {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            ..Batch::default()
+        });
         let opened = batch.users.is_empty();
         batch.users.push(user);
         batch.replies.push(tx);
         batch.now_ms = batch.now_ms.max(now_ms);
         if batch.users.len() >= MAX_BATCH {
-            Joined::Full(batches.remove(&key).unwrap_or_default())
+            let batch = batches.open.remove(&key).unwrap_or_default();
+            Joined::Full(open.clone(), batch)
         } else if opened {
-            Joined::Opened(open.clone())
+            Joined::Leads {
+                open: open.clone(),
+                id: batch.id,
+                busy,
+            }
         } else {
             Joined::Waits
         }
     });
     match joined {
         Joined::Waits => {}
-        Joined::Full(batch) => {
-            tokio::spawn(deliver(batch, send()));
-        }
-        Joined::Opened(open) => {
-            let send = send();
-            tokio::spawn(async move {
-                tokio::task::yield_now().await;
-                let batch = open.lock().remove(&key);
-                // Gone when it filled up meanwhile and was sent by the call that filled it.
-                if let Some(batch) = batch {
-                    deliver(batch, send).await;
-                }
-            });
+        Joined::Full(open, batch) => deliver(&open, key, batch, send()).await,
+        Joined::Leads { open, id, busy } => {
+            let lead = Lead { open, key, id };
+            if busy {
+                // Every request task already runnable on this thread runs before the batch
+                // goes, and joins it if it calls the same script for the same target. (Not
+                // `tokio::task::yield_now`, which waits for the I/O driver's next poll: bigger
+                // batches in a benchmark, but on a thread saturated with other work that poll
+                // can be many tasks away, and calls missed their deadlines.)
+                YieldToBack(false).await;
+            }
+            // Gone when it filled up meanwhile: the call that filled it sent it.
+            if let Some(batch) = lead.take() {
+                deliver(&lead.open, key, batch, send()).await;
+            }
         }
     }
-    rx.await.unwrap_or_else(|_| {
-        Err(StoreError::Unavailable(
-            "the batched call was dropped".into(),
-        ))
-    })
+    match rx.await {
+        Ok(reply) => reply,
+        Err(_) => {
+            let mut alone = send()(vec![user], now_ms).await?;
+            alone
+                .pop()
+                .ok_or_else(|| StoreError::Protocol("no reply for a single user".into()))
+        }
+    }
+}
+
+/// The leader of an open batch. Dropped before sending it (its caller gave up), it closes the
+/// batch: the other callers then send their users alone.
+struct Lead {
+    open: Open,
+    key: BatchKey,
+    id: u64,
+}
+
+impl Lead {
+    /// Removes the batch this leads from the open ones, unless it was sent already.
+    fn take(&self) -> Option<Batch> {
+        let mut batches = self.open.lock();
+        if batches.open.get(&self.key).is_some_and(|b| b.id == self.id) {
+            batches.open.remove(&self.key)
+        } else {
+            None
+        }
+    }
+}
+
+impl Drop for Lead {
+    fn drop(&mut self) {
+        drop(self.take());
+    }
+}
+
+/// Pending once, after asking to be polled again: the task goes to the back of its thread's run
+/// queue, behind every task already runnable (`tokio::task::yield_now` would also wait for the
+/// next poll of the I/O driver).
+struct YieldToBack(bool);
+
+impl Future for YieldToBack {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
+
+/// A call of `key` in flight on this thread, counted while it lives.
+struct InFlight {
+    open: Open,
+    key: BatchKey,
+}
+
+impl InFlight {
+    fn start(open: &Open, key: BatchKey) -> InFlight {
+        *open.lock().in_flight.entry(key).or_default() += 1;
+        InFlight {
+            open: open.clone(),
+            key,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut batches = self.open.lock();
+        if let Some(n) = batches.in_flight.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                batches.in_flight.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// Sends `batch` and hands each caller its reply (or the call's error).
-async fn deliver(batch: Batch, send: SendBatch) {
+async fn deliver(open: &Open, key: BatchKey, batch: Batch, send: SendBatch) {
     let Batch {
         users,
         now_ms,
         replies,
+        ..
     } = batch;
     let n = users.len();
-    match send(users, now_ms).await {
+    let in_flight = InFlight::start(open, key);
+    let sent = send(users, now_ms).await;
+    drop(in_flight);
+    match sent {
         Ok(values) if values.len() == n => {
             for (tx, value) in replies.into_iter().zip(values) {
                 let _ = tx.send(Ok(value));
@@ -177,12 +280,21 @@ mod tests {
         }
     }
 
-    /// A sender that records each batch and answers each user with its own id.
-    fn echo(log: Arc<Mutex<Vec<Vec<u64>>>>) -> impl FnOnce() -> SendBatch {
+    type Log = Arc<Mutex<Vec<Vec<u64>>>>;
+
+    /// A sender that records each batch and answers each user with its own id, after `gate`
+    /// lets it (when given).
+    fn echo(log: Log, gate: Option<Arc<tokio::sync::Notify>>) -> impl Fn() -> SendBatch {
         move || {
+            let (log, gate) = (log.clone(), gate.clone());
             Box::new(move |users: Vec<u64>, _now| {
                 Box::pin(async move {
                     log.lock().push(users.clone());
+                    match gate {
+                        Some(gate) => gate.notified().await,
+                        // A round trip: other tasks run meanwhile.
+                        None => tokio::task::yield_now().await,
+                    }
                     Ok(users
                         .into_iter()
                         .map(|u| Value::Integer(u as i64))
@@ -192,26 +304,46 @@ mod tests {
         }
     }
 
+    /// The first call goes at once; the calls that come while it is in flight share the next.
     #[tokio::test]
-    async fn calls_ready_in_one_turn_share_a_call_and_get_their_own_replies() {
-        let log = Arc::new(Mutex::new(Vec::new()));
+    async fn calls_ready_together_share_a_call_and_get_their_own_replies() {
+        let log = Log::default();
         let calls: Vec<_> = (1..=10)
-            .map(|u| tokio::spawn(join(key(7), u, u, echo(log.clone()))))
+            .map(|u| tokio::spawn(join(key(7), u, u, echo(log.clone(), None))))
             .collect();
         for (u, call) in (1..=10).zip(calls) {
             assert_eq!(call.await.unwrap().unwrap(), Value::Integer(u));
         }
-        assert_eq!(*log.lock(), vec![(1..=10).collect::<Vec<u64>>()]);
+        assert_eq!(*log.lock(), vec![vec![1], (2..=10).collect::<Vec<u64>>()]);
+        assert!(OPEN.with(|open| open.lock().in_flight.is_empty()));
+    }
+
+    /// Alone on its thread, a call goes at once and alone, every time.
+    #[tokio::test]
+    async fn a_call_alone_goes_at_once() {
+        let log = Log::default();
+        for u in 1..=3 {
+            assert_eq!(
+                join(key(8), u, 0, echo(log.clone(), None)).await.unwrap(),
+                Value::Integer(u as i64)
+            );
+        }
+        assert_eq!(*log.lock(), vec![vec![1], vec![2], vec![3]]);
     }
 
     #[tokio::test]
     async fn targets_do_not_share_and_a_full_batch_goes_at_once() {
-        let log = Arc::new(Mutex::new(Vec::new()));
+        let log = Log::default();
         let n = MAX_BATCH as u64 + 5;
         let mut calls = Vec::new();
         for u in 0..n {
-            calls.push(tokio::spawn(join(key(1), u, 0, echo(log.clone()))));
-            calls.push(tokio::spawn(join(key(2), 1000 + u, 0, echo(log.clone()))));
+            calls.push(tokio::spawn(join(key(1), u, 0, echo(log.clone(), None))));
+            calls.push(tokio::spawn(join(
+                key(2),
+                1000 + u,
+                0,
+                echo(log.clone(), None),
+            )));
         }
         for call in calls {
             call.await.unwrap().unwrap();
@@ -221,7 +353,14 @@ mod tests {
         sizes.sort();
         assert_eq!(
             sizes,
-            vec![(false, 5), (false, MAX_BATCH), (true, 5), (true, MAX_BATCH)]
+            vec![
+                (false, 1),
+                (false, 4),
+                (false, MAX_BATCH),
+                (true, 1),
+                (true, 4),
+                (true, MAX_BATCH)
+            ]
         );
         // Each batch keeps the order joined, and nobody is in two.
         for b in log.lock().iter() {
@@ -232,48 +371,92 @@ mod tests {
     #[tokio::test]
     async fn a_failed_call_fails_every_user_of_its_batch() {
         let failing = || -> SendBatch {
-            Box::new(|_users, _now| Box::pin(async { Err(StoreError::Timeout) }))
+            Box::new(|_users, _now| {
+                Box::pin(async {
+                    tokio::task::yield_now().await;
+                    Err(StoreError::Timeout)
+                })
+            })
         };
         let short = || -> SendBatch {
-            Box::new(|_users, _now| Box::pin(async { Ok(vec![Value::Integer(1)]) }))
+            Box::new(|_users, _now| {
+                Box::pin(async {
+                    tokio::task::yield_now().await;
+                    Ok(vec![Value::Integer(1)])
+                })
+            })
         };
-        let a = tokio::spawn(join(key(3), 1, 0, failing));
-        let b = tokio::spawn(join(key(3), 2, 0, failing));
-        assert!(matches!(a.await.unwrap(), Err(StoreError::Timeout)));
-        assert!(matches!(b.await.unwrap(), Err(StoreError::Timeout)));
-        let a = tokio::spawn(join(key(4), 1, 0, short));
-        let b = tokio::spawn(join(key(4), 2, 0, short));
+        // The first call of each key goes alone; the next two share one.
+        let calls: Vec<_> = (1..=3)
+            .map(|u| tokio::spawn(join(key(3), u, 0, failing)))
+            .collect();
+        for call in calls {
+            assert!(matches!(call.await.unwrap(), Err(StoreError::Timeout)));
+        }
+        let alone = tokio::spawn(join(key(4), 1, 0, short));
+        let a = tokio::spawn(join(key(4), 2, 0, short));
+        let b = tokio::spawn(join(key(4), 3, 0, short));
+        assert_eq!(alone.await.unwrap().unwrap(), Value::Integer(1));
         assert!(matches!(a.await.unwrap(), Err(StoreError::Protocol(_))));
         assert!(matches!(b.await.unwrap(), Err(StoreError::Protocol(_))));
     }
 
+    /// A call of `key` held in flight until `gate` opens, so that the next calls batch.
+    fn hold(
+        key: BatchKey,
+        log: &Log,
+        gate: &Arc<tokio::sync::Notify>,
+    ) -> tokio::task::JoinHandle<Result<Value, StoreError>> {
+        let held = tokio::spawn(join(key, 0, 0, echo(log.clone(), Some(gate.clone()))));
+        held
+    }
+
+    /// The leader gives up while the batch is on its way: the others send their users alone.
     #[tokio::test]
-    async fn a_caller_that_gives_up_leaves_the_others_their_replies() {
-        let log = Arc::new(Mutex::new(Vec::new()));
+    async fn when_the_leader_gives_up_the_others_send_alone() {
+        let log = Log::default();
+        let (first, second) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        let held = hold(key(5), &log, &first);
+        let leader = tokio::spawn(join(key(5), 1, 0, echo(log.clone(), Some(second.clone()))));
+        let other = tokio::spawn(join(key(5), 2, 0, echo(log.clone(), None)));
+        while log.lock().len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        leader.abort();
+        assert_eq!(other.await.unwrap().unwrap(), Value::Integer(2));
+        first.notify_one();
+        held.await.unwrap().unwrap();
+        assert_eq!(*log.lock(), vec![vec![0], vec![1, 2], vec![2]]);
+    }
+
+    /// The leader gives up before sending: the batch closes, and the others send alone.
+    #[tokio::test]
+    async fn a_batch_whose_leader_is_gone_before_sending_is_closed() {
+        let log = Log::default();
         let gate = Arc::new(tokio::sync::Notify::new());
-        let gated = |log: Arc<Mutex<Vec<Vec<u64>>>>, gate: Arc<tokio::sync::Notify>| {
-            move || -> SendBatch {
-                Box::new(move |users: Vec<u64>, _now| {
-                    Box::pin(async move {
-                        log.lock().push(users.clone());
-                        gate.notified().await;
-                        Ok(users
-                            .into_iter()
-                            .map(|u| Value::Integer(u as i64))
-                            .collect())
-                    })
-                })
-            }
-        };
-        let gone = tokio::spawn(join(key(5), 1, 0, gated(log.clone(), gate.clone())));
-        let kept = tokio::spawn(join(key(5), 2, 0, gated(log.clone(), gate.clone())));
-        // Both join, and the batch is on its way, before the first caller gives up.
+        let held = hold(key(6), &log, &gate);
         while log.lock().is_empty() {
             tokio::task::yield_now().await;
         }
-        gone.abort();
+        let mut leader = Box::pin(join(key(6), 1, 0, echo(log.clone(), None)));
+        // Polled once, the leader opens the batch and waits for its pass of the run queue.
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(leader.as_mut().poll(cx)));
+        assert!(first.await.is_pending());
+        let other = tokio::spawn(join(key(6), 2, 0, echo(log.clone(), None)));
+        while OPEN.with(|open| open.lock().open.get(&key(6)).map_or(0, |b| b.users.len())) < 2 {
+            tokio::task::yield_now().await;
+        }
+        drop(leader);
+        assert_eq!(other.await.unwrap().unwrap(), Value::Integer(2));
         gate.notify_one();
-        assert_eq!(kept.await.unwrap().unwrap(), Value::Integer(2));
-        assert_eq!(*log.lock(), vec![vec![1, 2]]);
+        held.await.unwrap().unwrap();
+        assert_eq!(*log.lock(), vec![vec![0], vec![2]]);
+        assert!(OPEN.with(|open| {
+            let batches = open.lock();
+            batches.open.is_empty() && batches.in_flight.is_empty()
+        }));
     }
 }
