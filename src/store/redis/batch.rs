@@ -407,8 +407,7 @@ mod tests {
         log: &Log,
         gate: &Arc<tokio::sync::Notify>,
     ) -> tokio::task::JoinHandle<Result<Value, StoreError>> {
-        let held = tokio::spawn(join(key, 0, 0, echo(log.clone(), Some(gate.clone()))));
-        held
+        tokio::spawn(join(key, 0, 0, echo(log.clone(), Some(gate.clone()))))
     }
 
     /// The leader gives up while the batch is on its way: the others send their users alone.
