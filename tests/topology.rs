@@ -193,20 +193,24 @@ fn a_sale_through_nginx_and_three_gateways_survives_a_kill_a_rolling_restart_and
     let (kill, restart) = (rel(killed_at), (rel(restart_began), rel(restart_done)));
 
     // Errors: only a purchase inside the killed replica when it died may have failed (nginx does
-    // not send a POST that reached one replica to another: a purchase is not idempotent). The
-    // restarted one drained first (`server.drain_ms`): nothing failed there.
+    // not send a POST that reached one replica to another: a purchase is not idempotent), so
+    // only one that started before the kill; one that started after it is refused at connect and
+    // nginx passes it to another replica. How many were in flight depends on where the kill
+    // fell: the users admitted in one tick poll and buy together, so at most one tick's
+    // admissions of both sales (7 in one CI run). The restarted replica drained first
+    // (`server.drain_ms`): nothing failed there.
     let errors = &report["errors"];
     let samples = errors["samples"].as_array().unwrap();
     let excused: Vec<&Value> = samples
         .iter()
         .filter(|e| {
             let at = u(&e["atMs"]) as i64;
-            let near_kill = (kill - 1000..=kill + 1000).contains(&at);
-            e["op"] == "purchase" && e["status"] == 502 && near_kill
+            let in_flight = (kill - 1000..=kill).contains(&at);
+            e["op"] == "purchase" && e["status"] == 502 && in_flight
         })
         .collect();
     assert!(
-        excused.len() <= 2 && samples.len() == excused.len(),
+        excused.len() as u64 <= 2 * BATCH && samples.len() == excused.len(),
         "errors other than purchases in flight on a dying replica (killed at {kill} ms, \
          restarted {restart:?} ms): {samples:?}"
     );
