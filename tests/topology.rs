@@ -194,10 +194,11 @@ fn a_sale_through_nginx_and_three_gateways_survives_a_kill_a_rolling_restart_and
 
     // Errors: only a purchase inside the killed replica when it died may have failed (nginx does
     // not send a POST that reached one replica to another: a purchase is not idempotent), so
-    // only one that started before the kill; one that started after it is refused at connect and
-    // nginx passes it to another replica. How many were in flight depends on where the kill
-    // fell: the users admitted in one tick poll and buy together, so at most one tick's
-    // admissions of both sales (7 in one CI run). The restarted replica drained first
+    // only one within a second of the kill: in flight when it came, or written by nginx onto a
+    // kept-alive connection in the moment before the dead process's sockets were closed (one
+    // CI run had one 4 ms after the recorded kill). How many depends on where the kill fell:
+    // the users admitted in one tick poll and buy together, so at most one tick's admissions
+    // of both sales (7 in another CI run). The restarted replica drained first
     // (`server.drain_ms`): nothing failed there.
     let errors = &report["errors"];
     let samples = errors["samples"].as_array().unwrap();
@@ -205,7 +206,7 @@ fn a_sale_through_nginx_and_three_gateways_survives_a_kill_a_rolling_restart_and
         .iter()
         .filter(|e| {
             let at = u(&e["atMs"]) as i64;
-            let in_flight = (kill - 1000..=kill).contains(&at);
+            let in_flight = (kill - 1000..=kill + 1000).contains(&at);
             e["op"] == "purchase" && e["status"] == 502 && in_flight
         })
         .collect();
