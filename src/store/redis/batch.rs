@@ -1,14 +1,15 @@
 //! Enters and polls gathered per thread and target, and sent as one script call.
 //!
-//! In a sale, many requests for the same target are ready in the same turn of a proxy thread's
-//! event loop. A call that finds no open batch for its (store, script, target, heartbeat window)
-//! opens one and leads it. If no call of that key is in flight on the thread, the leader sends
-//! at once: a call alone pays nothing for batching. If one is in flight, more are likely to come,
-//! so the leader first lets every task already runnable on the thread run (one pass of the run
-//! queue); those that call the same script for the same target join its batch. The leader then
-//! sends the batch as one `enter.lua` / `poll.lua` call and hands each caller its own reply; the
-//! scripts answer exactly as the same calls made one after another in the order joined. A batch
-//! that reaches `MAX_BATCH` users is sent at once by the call that filled it.
+//! In a sale, many requests for the same target arrive on a proxy thread while one of its
+//! calls is on its way to Redis. A call that finds no open batch for its (store, script, target,
+//! heartbeat window) opens one and leads it. If no call of that key is in flight on the thread,
+//! the leader sends at once: a call alone pays nothing for batching. If one is in flight, the
+//! leader waits until it has answered (at most `MAX_WAIT`), and the calls of the same key that
+//! come meanwhile join its batch (group commit): the busier the thread, the bigger the batch,
+//! and a key never has more than one batch waiting on a thread. The leader then sends the batch
+//! as one `enter.lua` / `poll.lua` call and hands each caller its own reply; the scripts answer
+//! exactly as the same calls made one after another in the order joined. A batch that reaches
+//! `MAX_BATCH` users is sent at once by the call that filled it.
 //!
 //! Each caller still waits within its own deadline, and a call that fails fails every user of
 //! its batch with the same error. A leader dropped before it answered (its deadline passed)
@@ -21,6 +22,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use fred::prelude::Value;
 use parking_lot::Mutex;
@@ -31,6 +33,10 @@ use crate::store::StoreError;
 
 /// The most users one call carries (the scripts' `unpack` limits are far above it).
 pub const MAX_BATCH: usize = 64;
+
+/// The longest a leader waits for the call in flight before it sends its batch anyway: a slow
+/// Redis adds at most this to a call's time, not a whole round trip.
+pub const MAX_WAIT: Duration = Duration::from_millis(2);
 
 /// Which script a batch is for, with what makes its calls differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -65,11 +71,13 @@ struct Batch {
     replies: Vec<oneshot::Sender<Result<Value, StoreError>>>,
 }
 
-/// A thread's open batches, and how many calls of each key it has in flight.
+/// A thread's open batches, how many calls of each key it has in flight, and the leader
+/// waiting for them to answer.
 #[derive(Default)]
 struct Batches {
     open: HashMap<BatchKey, Batch>,
     in_flight: HashMap<BatchKey, u32>,
+    waiting: HashMap<BatchKey, oneshot::Sender<()>>,
 }
 
 type Open = Arc<Mutex<Batches>>;
@@ -89,10 +97,14 @@ pub fn store_id() -> u64 {
 enum Joined {
     /// The batch was open already: its leader sends it.
     Waits,
-    /// This call opened batch `id`: it leads it, and sends it at once, or after one pass of
-    /// the run queue when a call of the same key is in flight (`busy`: others are likely to
-    /// come, and the batch waits for them).
-    Leads { open: Open, id: u64, busy: bool },
+    /// This call opened batch `id`: it leads it, and sends it at once, or, when a call of the
+    /// same key is in flight, once `answered` tells that it has answered (others are likely to
+    /// come meanwhile, and join the batch).
+    Leads {
+        open: Open,
+        id: u64,
+        answered: Option<oneshot::Receiver<()>>,
+    },
     /// This call filled the batch: it sends it now.
     Full(Open, Batch),
 }
@@ -111,6 +123,7 @@ pub async fn join(
     let joined = OPEN.with(|open| {
         let mut batches = open.lock();
         let busy = batches.in_flight.contains_key(&key);
+        let batches = &mut *batches;
         let batch = batches.open.entry(key).or_insert_with(|| Batch {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             ..Batch::default()
@@ -123,10 +136,16 @@ pub async fn join(
             let batch = batches.open.remove(&key).unwrap_or_default();
             Joined::Full(open.clone(), batch)
         } else if opened {
+            let answered = busy.then(|| {
+                let (tx, rx) = oneshot::channel();
+                // A leader still waiting here had its batch filled and sent: it is woken.
+                batches.waiting.insert(key, tx);
+                rx
+            });
             Joined::Leads {
                 open: open.clone(),
                 id: batch.id,
-                busy,
+                answered,
             }
         } else {
             Joined::Waits
@@ -135,15 +154,13 @@ pub async fn join(
     match joined {
         Joined::Waits => {}
         Joined::Full(open, batch) => deliver(&open, key, batch, send()).await,
-        Joined::Leads { open, id, busy } => {
+        Joined::Leads { open, id, answered } => {
             let lead = Lead { open, key, id };
-            if busy {
-                // Every request task already runnable on this thread runs before the batch
-                // goes, and joins it if it calls the same script for the same target. (Not
-                // `tokio::task::yield_now`, which waits for the I/O driver's next poll: bigger
-                // batches in a benchmark, but on a thread saturated with other work that poll
-                // can be many tasks away, and calls missed their deadlines.)
-                YieldToBack(false).await;
+            if let Some(answered) = answered {
+                // The calls of this key that come until the one in flight answers join the
+                // batch. (Not `tokio::task::yield_now`, which waits for the I/O driver's next
+                // poll: on a thread saturated with other work that poll can be many tasks away.)
+                let _ = tokio::time::timeout(MAX_WAIT, answered).await;
             }
             // Gone when it filled up meanwhile: the call that filled it sent it.
             if let Some(batch) = lead.take() {
@@ -188,24 +205,6 @@ impl Drop for Lead {
     }
 }
 
-/// Pending once, after asking to be polled again: the task goes to the back of its thread's run
-/// queue, behind every task already runnable (`tokio::task::yield_now` would also wait for the
-/// next poll of the I/O driver).
-struct YieldToBack(bool);
-
-impl Future for YieldToBack {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        if self.0 {
-            return std::task::Poll::Ready(());
-        }
-        self.0 = true;
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
-    }
-}
-
 /// A call of `key` in flight on this thread, counted while it lives.
 struct InFlight {
     open: Open,
@@ -229,6 +228,9 @@ impl Drop for InFlight {
             *n -= 1;
             if *n == 0 {
                 batches.in_flight.remove(&self.key);
+                if let Some(leader) = batches.waiting.remove(&self.key) {
+                    let _ = leader.send(());
+                }
             }
         }
     }
@@ -441,7 +443,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         let mut leader = Box::pin(join(key(6), 1, 0, echo(log.clone(), None)));
-        // Polled once, the leader opens the batch and waits for its pass of the run queue.
+        // Polled once, the leader opens the batch and waits for the call in flight to answer.
         let first = std::future::poll_fn(|cx| std::task::Poll::Ready(leader.as_mut().poll(cx)));
         assert!(first.await.is_pending());
         let other = tokio::spawn(join(key(6), 2, 0, echo(log.clone(), None)));
@@ -457,5 +459,51 @@ mod tests {
             let batches = open.lock();
             batches.open.is_empty() && batches.in_flight.is_empty()
         }));
+    }
+
+    /// The leader sends when the call in flight answers, not before: every call that comes
+    /// meanwhile rides along.
+    #[tokio::test(start_paused = true)]
+    async fn the_leader_waits_for_the_call_in_flight() {
+        let log = Log::default();
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let held = hold(key(9), &log, &gate);
+        while log.lock().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let mut calls = Vec::new();
+        for u in 1..=5 {
+            calls.push(tokio::spawn(join(key(9), u, 0, echo(log.clone(), None))));
+            for _ in 0..20 {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert_eq!(*log.lock(), vec![vec![0]]);
+        gate.notify_one();
+        held.await.unwrap().unwrap();
+        for (u, call) in (1..=5).zip(calls) {
+            assert_eq!(call.await.unwrap().unwrap(), Value::Integer(u));
+        }
+        assert_eq!(*log.lock(), vec![vec![0], vec![1, 2, 3, 4, 5]]);
+    }
+
+    /// A call in flight that does not answer holds the next batch back `MAX_WAIT` at most.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_in_flight_that_hangs_holds_the_next_batch_back_briefly() {
+        let log = Log::default();
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let held = hold(key(10), &log, &gate);
+        while log.lock().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let start = tokio::time::Instant::now();
+        let a = tokio::spawn(join(key(10), 1, 0, echo(log.clone(), None)));
+        let b = tokio::spawn(join(key(10), 2, 0, echo(log.clone(), None)));
+        assert_eq!(a.await.unwrap().unwrap(), Value::Integer(1));
+        assert_eq!(b.await.unwrap().unwrap(), Value::Integer(2));
+        assert_eq!(start.elapsed(), MAX_WAIT);
+        assert_eq!(*log.lock(), vec![vec![0], vec![1, 2]]);
+        gate.notify_one();
+        held.await.unwrap().unwrap();
     }
 }
