@@ -44,8 +44,8 @@ PY
 }
 
 # start_gw NAME BACKEND REDIS_URL — a release gateway (GW_THREADS proxy threads, upstream on UP,
-# a tick long enough that the pump never admits during a run) on free ports; sets GW_<NAME> (its
-# port) and PID_<NAME>.
+# a tick long enough that the pump never admits during a run) on free ports, with GW_EXTRA
+# (TOML) appended when set; sets GW_<NAME> (its port) and PID_<NAME>.
 start_gw() {
   local name=$1 backend=$2 url=$3 gw admin
   gw=$(port); admin=$(port)
@@ -65,6 +65,7 @@ tick_ms = 3600000
 max_capacity = 10000000
 [flag]
 enabled = true
+${GW_EXTRA:-}
 TOML
   RUST_LOG=error ./target/release/vq-gateway serve --config "$WORK/$name.toml" 2>"$WORK/$name.log" & PIDS+=($!)
   printf -v "PID_$name" '%s' "$!"

@@ -82,11 +82,7 @@ impl AppState {
         }
     }
 
-    pub fn count_token(&self, target: QueueTarget, event: &str) {
-        let label = self.metrics.targets.label(target);
-        self.metrics
-            .tokens
-            .with_label_values(&[&label, event])
-            .inc();
+    pub fn count_token(&self, target: QueueTarget, event: &'static str) {
+        self.metrics.count_token(target, event);
     }
 }

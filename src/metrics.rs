@@ -5,10 +5,16 @@
 //! label value comes from a bounded set (route classes, reasons, events, configured targets):
 //! never a raw path or user input.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
+
+use crate::queue::QueueTarget;
 
 /// Latency buckets in seconds: local answers are sub-millisecond, proxied ones span the backend.
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -65,10 +71,13 @@ pub struct Metrics {
     /// `vq_gateway_connections_refused_total{reason}`: `max_connections`, `first_byte_timeout`.
     pub refused_connections: IntCounterVec,
     pub targets: std::sync::Arc<TargetLabels>,
+    /// Tells this registry's cached children (`Hot`) from another's on the same thread.
+    id: u64,
 }
 
 impl Metrics {
     pub fn new() -> Result<Metrics, prometheus::Error> {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let registry = Registry::new();
         let requests = IntCounterVec::new(
             Opts::new(
@@ -226,6 +235,84 @@ impl Metrics {
             connections,
             refused_connections,
             targets: Default::default(),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    /// Counts a finished request and observes its latency.
+    pub fn count_request(&self, class: &'static str, status: &'static str, seconds: f64) {
+        self.hot(Family::Requests, class, status, None, |_| {
+            Child::Counter(self.requests.with_label_values(&[class, status]))
+        });
+        self.hot(Family::Latency, class, "", None, |_| {
+            Child::Histogram(self.latency.with_label_values(&[class]))
+        })
+        .observe(seconds);
+    }
+
+    /// Counts an entry token event (`issued`, `consumed`, `rejected`) of `target`.
+    pub fn count_token(&self, target: QueueTarget, event: &'static str) {
+        self.hot(Family::Tokens, event, "", Some(target), |label| {
+            Child::Counter(self.tokens.with_label_values(&[label, event]))
+        });
+    }
+
+    /// Counts an enter outcome of `target`.
+    pub fn count_entry(&self, target: QueueTarget, outcome: &'static str) {
+        self.hot(Family::Entries, outcome, "", Some(target), |label| {
+            Child::Counter(self.entries.with_label_values(&[label, outcome]))
+        });
+    }
+
+    /// Counts a store call of operation `op`.
+    pub fn count_store_call(&self, op: &'static str) {
+        self.hot(Family::StoreCalls, op, "", None, |_| {
+            Child::Counter(self.store_calls.with_label_values(&[op]))
+        });
+    }
+
+    /// Increments (a counter) or hands over (a histogram) the child of `family` with these
+    /// labels, found in this thread's cache; `child` makes it on a miss, given the target's
+    /// label value. The request path thus neither hashes label strings into a family's locked
+    /// map nor formats a target label on every request. The cache is bounded (targets are
+    /// chosen by clients): past `HOT_CHILDREN` entries a thread looks children up uncached.
+    fn hot(
+        &self,
+        family: Family,
+        a: &'static str,
+        b: &'static str,
+        target: Option<QueueTarget>,
+        child: impl FnOnce(&str) -> Child,
+    ) -> Observe {
+        let key = HotKey {
+            metrics: self.id,
+            family,
+            a,
+            b,
+            target,
+        };
+        HOT.with(|hot| {
+            let mut hot = hot.borrow_mut();
+            let found = match hot.get(&key) {
+                Some(found) => found.clone(),
+                None => {
+                    let made = match target {
+                        Some(t) => child(&self.targets.label(t)),
+                        None => child(""),
+                    };
+                    if hot.len() < HOT_CHILDREN {
+                        hot.insert(key, made.clone());
+                    }
+                    made
+                }
+            };
+            match found {
+                Child::Counter(c) => {
+                    c.inc();
+                    Observe(None)
+                }
+                Child::Histogram(h) => Observe(Some(h)),
+            }
         })
     }
 
@@ -236,6 +323,48 @@ impl Metrics {
             tracing::error!(error = %e, "encoding metrics failed");
         }
         out
+    }
+}
+
+/// The most children one thread caches (`Metrics::hot`).
+const HOT_CHILDREN: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Family {
+    Requests,
+    Latency,
+    Tokens,
+    Entries,
+    StoreCalls,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct HotKey {
+    metrics: u64,
+    family: Family,
+    a: &'static str,
+    b: &'static str,
+    target: Option<QueueTarget>,
+}
+
+#[derive(Clone)]
+enum Child {
+    Counter(IntCounter),
+    Histogram(Histogram),
+}
+
+thread_local! {
+    static HOT: RefCell<HashMap<HotKey, Child>> = RefCell::new(HashMap::new());
+}
+
+/// A histogram child to observe into, if the family is one.
+struct Observe(Option<Histogram>);
+
+impl Observe {
+    fn observe(self, v: f64) {
+        if let Some(h) = self.0 {
+            h.observe(v);
+        }
     }
 }
 
@@ -264,6 +393,56 @@ impl TargetLabels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The per-thread cache counts into the registry it was asked by, with the same bounded
+    /// target labels as an uncached lookup, also past its own size limit.
+    #[test]
+    fn cached_children_count_into_their_own_registry() {
+        use crate::queue::TargetType;
+        let (a, b) = (Metrics::new().unwrap(), Metrics::new().unwrap());
+        let n = HOT_CHILDREN as u64 + 100;
+        for id in 0..n {
+            a.count_token(QueueTarget::new(TargetType::LimitedDrop, id), "issued");
+        }
+        a.count_token(QueueTarget::new(TargetType::LimitedDrop, 7), "issued");
+        b.count_entry(QueueTarget::new(TargetType::LimitedDrop, 7), "waiting");
+        for _ in 0..3 {
+            a.count_request("proxy", "200", 0.002);
+        }
+        a.count_store_call("enter");
+        let text = String::from_utf8(a.render()).unwrap();
+        let series = |name: &str| -> Vec<(String, f64)> {
+            text.lines()
+                .filter(|l| l.starts_with(name))
+                .map(|l| {
+                    let (k, v) = l.rsplit_once(' ').unwrap();
+                    (k.to_string(), v.parse().unwrap())
+                })
+                .collect()
+        };
+        let tokens = series("virtual_queue_tokens_total{");
+        assert_eq!(tokens.len(), MAX_TARGET_LABELS + 1, "bounded labels");
+        assert_eq!(tokens.iter().map(|(_, v)| v).sum::<f64>(), (n + 1) as f64);
+        assert!(tokens.contains(&(
+            "virtual_queue_tokens_total{event=\"issued\",target=\"LIMITED_DROP:7\"}".into(),
+            2.0
+        )));
+        assert!(tokens.contains(&(
+            "virtual_queue_tokens_total{event=\"issued\",target=\"other\"}".into(),
+            (n - MAX_TARGET_LABELS as u64) as f64
+        )));
+        assert!(
+            series("virtual_queue_entries_total{").is_empty(),
+            "b's entry is b's"
+        );
+        assert!(text.contains("vq_gateway_requests_total{route_class=\"proxy\",status=\"200\"} 3"));
+        assert!(text.contains("vq_gateway_request_duration_seconds_count{route_class=\"proxy\"} 3"));
+        assert!(text.contains("virtual_queue_store_calls_total{op=\"enter\"} 1"));
+        let text = String::from_utf8(b.render()).unwrap();
+        assert!(text.contains(
+            "virtual_queue_entries_total{outcome=\"waiting\",target=\"LIMITED_DROP:7\"} 1"
+        ));
+    }
 
     #[test]
     fn renders_registered_families() {

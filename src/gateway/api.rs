@@ -217,14 +217,7 @@ async fn enter(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply
         return Ok(direct(state, target, user, now));
     }
     let capacity = state.config.queue.max_capacity.get();
-    let label = state.metrics.targets.label(target);
-    let count = |outcome: &str| {
-        state
-            .metrics
-            .entries
-            .with_label_values(&[&label, outcome])
-            .inc();
-    };
+    let count = |outcome: &'static str| state.metrics.count_entry(target, outcome);
     match state.store.enter(target, user, now, capacity).await {
         Ok(EnterOutcome::Waiting { seq, ahead }) => {
             count("waiting");

@@ -438,12 +438,7 @@ impl ProxyHttp for Gateway {
         let elapsed = ctx.started.elapsed();
         let class = ctx.class.as_str();
         let m = &self.state.metrics;
-        m.requests
-            .with_label_values(&[class, status_label(status)])
-            .inc();
-        m.latency
-            .with_label_values(&[class])
-            .observe(elapsed.as_secs_f64());
+        m.count_request(class, status_label(status), elapsed.as_secs_f64());
         let req = session.req_header();
         tracing::info!(
             target: "access",

@@ -174,7 +174,7 @@ impl StoreGuard {
         op: &'static str,
         fut: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        self.metrics.store_calls.with_label_values(&[op]).inc();
+        self.metrics.count_store_call(op);
         let _permit = match class {
             Class::Request => match self.requests.try_acquire() {
                 Ok(p) => Some(p),

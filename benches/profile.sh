@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Where the gateway's CPU goes on the hot paths: `perf record` of the release gateway (2 proxy
+# threads, Redis store) while wrk drives one workload, then a flamegraph (inferno) and the top
+# symbols by self time. Workloads: enter-new (first entries), enter (random users), poll, gated
+# (a token-checked POST proxied to the upstream), passthrough. The Redis server can be profiled
+# instead with TARGET=redis.
+# Usage: [TARGET=gateway|redis] benches/profile.sh [seconds, default 5] [workload ...]
+# Writes benches/profiles/<target>-<workload>.svg and .txt (top 30 self-time symbols).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DUR=${1:-5}
+shift || true
+WORKLOADS=("${@:-enter-new enter poll gated passthrough}")
+read -r -a WORKLOADS <<<"${WORKLOADS[*]}"
+TARGET=${TARGET:-gateway}
+CONNS=64
+GW_THREADS=2
+WRK_THREADS=2
+
+source benches/lib.sh
+need_tools wrk:wrk nginx:nginx-light redis-server:redis-server perf:linux-perf cmake:cmake python3:python3 curl:curl
+command -v inferno-flamegraph >/dev/null || cargo install -q inferno
+cargo build --release -q
+mkdir -p benches/profiles
+
+UP=$(port); RP=$(port)
+redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & PIDS+=($!)
+REDIS_PID=$!
+# The upstream: nginx answering a small JSON body to every method.
+mkdir -p "$WORK/nginx"
+cat > "$WORK/nginx/nginx.conf" <<NGINX
+worker_processes 1;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  server { listen 127.0.0.1:$UP; location / { return 200 '{"ok":true}'; } }
+}
+NGINX
+nginx -c "$WORK/nginx/nginx.conf" -g 'daemon off;' & PIDS+=($!)
+export VQ_TOKEN_SECRET="bench-secret-0123456789abcdefghijklmnop"
+GW_EXTRA=$'[token]\nsingle_use = false' start_gw gw redis "redis://127.0.0.1:$RP"
+TOKEN=$(python3 - <<PY
+import base64, hashlib, hmac, time
+p = "LIMITED_DROP|42|1001|%d" % (time.time() + 280)
+b = lambda x: base64.urlsafe_b64encode(x).rstrip(b"=").decode()
+print(b(p.encode()) + "." + b(hmac.new(b"$VQ_TOKEN_SECRET", p.encode(), hashlib.sha256).digest()))
+PY
+)
+export TOKEN
+# Polls find waiting users: the random-user enter run fills the target first.
+wrk -t1 -c8 -d2s -s benches/wrk/enter.lua "http://127.0.0.1:$GW_gw/virtual-queues/limited-drop/42/entries" >/dev/null
+
+pid=$PID_gw
+[ "$TARGET" = redis ] && pid=$REDIS_PID
+for w in "${WORKLOADS[@]}"; do
+  case $w in
+    enter-new) args=(-s benches/wrk/enter_new.lua "http://127.0.0.1:$GW_gw/virtual-queues/limited-drop/42/entries") ;;
+    enter) args=(-s benches/wrk/enter.lua "http://127.0.0.1:$GW_gw/virtual-queues/limited-drop/42/entries") ;;
+    poll) args=(-s benches/wrk/poll.lua "http://127.0.0.1:$GW_gw/virtual-queues/limited-drop/42/entries/me") ;;
+    gated) args=(-s benches/wrk/gated.lua "http://127.0.0.1:$GW_gw/limited-drops/42/orders") ;;
+    passthrough) args=("http://127.0.0.1:$GW_gw/static/x") ;;
+    *) echo "unknown workload $w" >&2; exit 2 ;;
+  esac
+  out="benches/profiles/$TARGET-$w"
+  perf record -q -F 499 -g --call-graph dwarf,16384 -p "$pid" -o "$WORK/perf.data" -- sleep "$DUR" 2>/dev/null &
+  rec=$!
+  wrk -t"$WRK_THREADS" -c"$CONNS" -d"${DUR}s" "${args[@]}" | grep -E "Requests/sec|Non-2xx" | sed "s/^/$w: /" >&2
+  wait "$rec" || true
+  perf script -i "$WORK/perf.data" 2>/dev/null | inferno-collapse-perf > "$WORK/folded"
+  inferno-flamegraph --title "$TARGET, $w ($(date -u +%Y-%m-%d))" < "$WORK/folded" > "$out.svg"
+  perf report -i "$WORK/perf.data" --no-children --stdio --sort symbol --percent-limit 0.8 2>/dev/null |
+    grep -E "^ +[0-9.]+%" | sed -E "s/ +- +- +$//" | head -30 > "$out.txt"
+  echo "$out.svg, $out.txt" >&2
+done
