@@ -49,8 +49,8 @@ print(b(p.encode()) + "." + b(hmac.new(b"$VQ_TOKEN_SECRET", p.encode(), hashlib.
 PY
 )
 export TOKEN
-# Polls find waiting users: the random-user enter run fills the target first.
-wrk -t1 -c8 -d2s -s benches/wrk/enter.lua "http://127.0.0.1:$GW_gw/virtual-queues/limited-drop/42/entries" >/dev/null
+# Polls find waiting users: random users of 1..100000 enter first (most are drawn).
+wrk -t2 -c64 -d6s -s benches/wrk/enter.lua "http://127.0.0.1:$GW_gw/virtual-queues/limited-drop/42/entries" >/dev/null
 
 pid=$PID_gw
 [ "$TARGET" = redis ] && pid=$REDIS_PID
@@ -69,7 +69,7 @@ for w in "${WORKLOADS[@]}"; do
   wrk -t"$WRK_THREADS" -c"$CONNS" -d"${DUR}s" "${args[@]}" | grep -E "Requests/sec|Non-2xx" | sed "s/^/$w: /" >&2
   wait "$rec" || true
   perf script -i "$WORK/perf.data" 2>/dev/null | inferno-collapse-perf > "$WORK/folded"
-  inferno-flamegraph --title "$TARGET, $w ($(date -u +%Y-%m-%d))" < "$WORK/folded" > "$out.svg"
+  inferno-flamegraph --minwidth 2 --title "$TARGET, $w ($(date -u +%Y-%m-%d))" < "$WORK/folded" > "$out.svg"
   perf report -i "$WORK/perf.data" --no-children --stdio --sort symbol --percent-limit 0.8 2>/dev/null |
     grep -E "^ +[0-9.]+%" | sed -E "s/ +- +- +$//" | head -30 > "$out.txt"
   echo "$out.svg, $out.txt" >&2

@@ -1,6 +1,6 @@
 #!lua
 -- enter.lua: users join a target's waiting room (SPEC §4 Enter), one or many per call: a gateway
--- thread gathers the enters of one target that arrive in one turn of its event loop and sends
+-- thread gathers the enters of one target that arrive while one of its calls is in flight and sends
 -- them as one call (`store/redis/batch.rs`). The answers are those of the same enters made one
 -- after another in the order given: concurrent duplicate enters of one user get one seq and waste
 -- none, and the capacity check cannot race the INCRBY. The commands are per call, not per user
