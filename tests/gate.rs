@@ -331,13 +331,21 @@ fn a_valid_token_with_an_odd_spelling_reaches_the_canonical_path() {
         &[],
     );
     assert_eq!(r.status, 200);
+    // Already canonical: it goes as it came (no rebuilt URI).
+    let t44 = token_for(
+        TEST_SECRET,
+        &format!("LIMITED_DROP|44|1001|{}", now_s() + 200),
+    );
+    let r = buy(&mut c, "/limited-drops/44/orders", "1001", Some(&t44), &[]);
+    assert_eq!(r.status, 200);
     let seen: Vec<String> = up.requests().into_iter().map(|r| r.target).collect();
     // Origin-form, canonical path, query kept.
     assert_eq!(
         seen,
         vec![
             "/limited-drops/42/orders?ref=app",
-            "/limited-drops/43/orders?a=b"
+            "/limited-drops/43/orders?a=b",
+            "/limited-drops/44/orders"
         ]
     );
 }

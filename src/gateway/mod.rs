@@ -313,7 +313,11 @@ impl ProxyHttp for Gateway {
             if let Some(reply) = self.gate(session, ctx, &g, identity).await {
                 return answer_locally(session, &reply).await;
             }
-            ctx.forward_path = Some(g.canonical);
+            // The backend receives the canonical path; a request target that is exactly that
+            // path (no query, no other spelling) goes as it came, without a rebuilt URI.
+            if session.req_header().raw_path() != g.canonical.as_bytes() {
+                ctx.forward_path = Some(g.canonical);
+            }
         } else if absolute_form {
             ctx.forward_path = Some(canonical.to_path());
         }
