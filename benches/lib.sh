@@ -76,3 +76,42 @@ TOML
 # cpu_ms PID — CPU time (user + system) the process has used so far, in ms.
 CLK_TCK=$(getconf CLK_TCK)
 cpu_ms() { awk -v hz="$CLK_TCK" '{ print int(($14 + $15) * 1000 / hz) }' "/proc/$1/stat"; }
+
+# bare_proxy_bin — builds the bare Pingora proxy bench target (release) and prints its path.
+bare_proxy_bin() {
+  cargo bench --no-run --bench bare_proxy --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "bare_proxy" and m.get("executable"):
+        print(m["executable"])'
+}
+
+# nginx_upstream PORT [HTTP_CONFIG] — nginx (1 worker) on PORT answering a small JSON body to every
+# method, with HTTP_CONFIG (more servers) in the same http block.
+nginx_upstream() {
+  mkdir -p "$WORK/nginx"
+  cat > "$WORK/nginx/nginx.conf" <<NGINX
+worker_processes 1;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  server { listen 127.0.0.1:$1; location / { return 200 '{"ok":true}'; } }
+  ${2:-}
+}
+NGINX
+  nginx -c "$WORK/nginx/nginx.conf" -g 'daemon off;' & PIDS+=($!)
+}
+
+# entry_token — a valid entry token of user 1001 for LIMITED_DROP 42, signed with
+# VQ_TOKEN_SECRET, expiring in 280 s.
+entry_token() {
+  python3 - <<PY
+import base64, hashlib, hmac, time
+p = "LIMITED_DROP|42|1001|%d" % (time.time() + 280)
+b = lambda x: base64.urlsafe_b64encode(x).rstrip(b"=").decode()
+print(b(p.encode()) + "." + b(hmac.new(b"$VQ_TOKEN_SECRET", p.encode(), hashlib.sha256).digest()))
+PY
+}

@@ -26,28 +26,10 @@ mkdir -p benches/profiles
 UP=$(port); RP=$(port)
 redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & PIDS+=($!)
 REDIS_PID=$!
-# The upstream: nginx answering a small JSON body to every method.
-mkdir -p "$WORK/nginx"
-cat > "$WORK/nginx/nginx.conf" <<NGINX
-worker_processes 1;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  server { listen 127.0.0.1:$UP; location / { return 200 '{"ok":true}'; } }
-}
-NGINX
-nginx -c "$WORK/nginx/nginx.conf" -g 'daemon off;' & PIDS+=($!)
+nginx_upstream "$UP"
 export VQ_TOKEN_SECRET="bench-secret-0123456789abcdefghijklmnop"
 GW_EXTRA=$'[token]\nsingle_use = false' start_gw gw redis "redis://127.0.0.1:$RP"
-TOKEN=$(python3 - <<PY
-import base64, hashlib, hmac, time
-p = "LIMITED_DROP|42|1001|%d" % (time.time() + 280)
-b = lambda x: base64.urlsafe_b64encode(x).rstrip(b"=").decode()
-print(b(p.encode()) + "." + b(hmac.new(b"$VQ_TOKEN_SECRET", p.encode(), hashlib.sha256).digest()))
-PY
-)
+TOKEN=$(entry_token)
 export TOKEN
 # Polls find waiting users: random users of 1..100000 enter first (most are drawn).
 wrk -t2 -c64 -d6s -s benches/wrk/enter.lua "http://127.0.0.1:$GW_gw/virtual-queues/limited-drop/42/entries" >/dev/null

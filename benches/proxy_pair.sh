@@ -16,37 +16,15 @@ GW_THREADS=1
 source benches/lib.sh
 need_tools wrk:wrk nginx:nginx-light redis-server:redis-server cmake:cmake python3:python3 curl:curl
 cargo build --release -q
-BARE_BIN=$(cargo bench --no-run --bench bare_proxy --message-format=json 2>/dev/null |
-  python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "bare_proxy" and m.get("executable"):
-        print(m["executable"])')
+BARE_BIN=$(bare_proxy_bin)
 
 UP=$(port); BARE=$(port); RP=$(port)
-mkdir -p "$WORK/nginx"
-cat > "$WORK/nginx/nginx.conf" <<NGINX
-worker_processes 1;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  server { listen 127.0.0.1:$UP; location / { return 200 '{"ok":true}'; } }
-}
-NGINX
-nginx -c "$WORK/nginx/nginx.conf" -g 'daemon off;' & PIDS+=($!)
+nginx_upstream "$UP"
 redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & PIDS+=($!)
 "$BARE_BIN" "127.0.0.1:$BARE" "127.0.0.1:$UP" 1 2>"$WORK/bare.log" & PIDS+=($!)
 export VQ_TOKEN_SECRET="bench-secret-0123456789abcdefghijklmnop"
 GW_EXTRA=$'[token]\nsingle_use = false' start_gw gw redis "redis://127.0.0.1:$RP"
-TOKEN=$(python3 - <<PY
-import base64, hashlib, hmac, time
-p = "LIMITED_DROP|42|1001|%d" % (time.time() + 280)
-b = lambda x: base64.urlsafe_b64encode(x).rstrip(b"=").decode()
-print(b(p.encode()) + "." + b(hmac.new(b"$VQ_TOKEN_SECRET", p.encode(), hashlib.sha256).digest()))
-PY
-)
+TOKEN=$(entry_token)
 export TOKEN
 for _ in $(seq 30); do curl -sf "127.0.0.1:$BARE/" >/dev/null 2>&1 && break; sleep 0.1; done
 

@@ -14,33 +14,17 @@ THREADS=2
 source benches/lib.sh
 need_tools wrk:wrk nginx:nginx-light redis-server:redis-server cmake:cmake python3:python3 curl:curl
 cargo build --release -q
-BARE_BIN=$(cargo bench --no-run --bench bare_proxy --message-format=json 2>/dev/null |
-  python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "bare_proxy" and m.get("executable"):
-        print(m["executable"])')
+BARE_BIN=$(bare_proxy_bin)
 
 UP=$(port); NGX=$(port); BARE=$(port); GW=$(port); ADMIN=$(port); RP=$(port)
 
-# The upstream: nginx answering a small JSON body (fast enough not to be the bottleneck).
-mkdir -p "$WORK/nginx"
-cat > "$WORK/nginx/nginx.conf" <<NGINX
-worker_processes 1;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  upstream backend { server 127.0.0.1:$UP; keepalive 128; }
-  server { listen 127.0.0.1:$UP; location / { return 200 '{"ok":true}'; } }
+# The upstream: nginx answering a small JSON body (fast enough not to be the bottleneck), and
+# nginx proxy_pass to it on NGX (the context row).
+nginx_upstream "$UP" "upstream backend { server 127.0.0.1:$UP; keepalive 128; }
   server {
     listen 127.0.0.1:$NGX;
-    location / { proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; }
-  }
-}
-NGINX
-nginx -c "$WORK/nginx/nginx.conf" -g 'daemon off;' & PIDS+=($!)
+    location / { proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\"; }
+  }"
 
 # The bare Pingora proxy: the gateway's thread count (1) and upstream peer options.
 "$BARE_BIN" "127.0.0.1:$BARE" "127.0.0.1:$UP" 1 2>"$WORK/bare.log" & PIDS+=($!)
@@ -70,13 +54,7 @@ export VQ_TOKEN_SECRET="bench-secret-0123456789abcdefghijklmnop"
 RUST_LOG=error ./target/release/vq-gateway serve --config "$WORK/gw.toml" 2>"$WORK/gw.log" & PIDS+=($!)
 for _ in $(seq 100); do curl -sf "127.0.0.1:$ADMIN/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 
-TOKEN=$(python3 - <<PY
-import base64, hashlib, hmac, time
-p = "LIMITED_DROP|42|1001|%d" % (time.time() + 280)
-b = lambda x: base64.urlsafe_b64encode(x).rstrip(b"=").decode()
-print(b(p.encode()) + "." + b(hmac.new(b"$VQ_TOKEN_SECRET", p.encode(), hashlib.sha256).digest()))
-PY
-)
+TOKEN=$(entry_token)
 export TOKEN
 
 WRK_THREADS=$THREADS
