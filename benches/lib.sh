@@ -25,10 +25,10 @@ trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # wrk_line URL [wrk args...] → "rps p50 p99 non2xx total" (latencies in ms), with
-# WRK_THREADS, CONNS and DUR from the caller.
+# WRK_THREADS, CONNS and DUR from the caller; wrk runs on the CPUs in WRK_CPUS when set.
 wrk_line() {
   local url=$1; shift
-  wrk -t"$WRK_THREADS" -c"$CONNS" -d"${DUR}s" --latency "$@" "$url" > "$WORK/wrk.out" 2>&1
+  ${WRK_CPUS:+taskset -c "$WRK_CPUS"} wrk -t"$WRK_THREADS" -c"$CONNS" -d"${DUR}s" --latency "$@" "$url" > "$WORK/wrk.out" 2>&1
   python3 - "$WORK/wrk.out" <<'PY'
 import re, sys
 t = open(sys.argv[1]).read()
@@ -45,7 +45,8 @@ PY
 
 # start_gw NAME BACKEND REDIS_URL — a release gateway (GW_THREADS proxy threads, upstream on UP,
 # a tick long enough that the pump never admits during a run) on free ports, with GW_EXTRA
-# (TOML) appended when set; sets GW_<NAME> (its port) and PID_<NAME>.
+# (TOML) appended when set, run under GW_WRAP (a command prefix, e.g. valgrind) when set; sets
+# GW_<NAME> (its port) and PID_<NAME>.
 start_gw() {
   local name=$1 backend=$2 url=$3 gw admin
   gw=$(port); admin=$(port)
@@ -67,9 +68,9 @@ max_capacity = 10000000
 enabled = true
 ${GW_EXTRA:-}
 TOML
-  RUST_LOG=error ./target/release/vq-gateway serve --config "$WORK/$name.toml" 2>"$WORK/$name.log" & PIDS+=($!)
+  RUST_LOG=error ${GW_WRAP:-} ./target/release/vq-gateway serve --config "$WORK/$name.toml" 2>"$WORK/$name.log" & PIDS+=($!)
   printf -v "PID_$name" '%s' "$!"
-  for _ in $(seq 100); do curl -sf "127.0.0.1:$admin/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+  for _ in $(seq 600); do curl -sf "127.0.0.1:$admin/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
   printf -v "GW_$name" '%s' "$gw"
 }
 

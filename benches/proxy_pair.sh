@@ -2,9 +2,13 @@
 # The gateway against the framework's ceiling, run by run: a bare Pingora proxy
 # (benches/bare_proxy.rs) and the gateway, 1 proxy thread each, the same nginx upstream, measured
 # alternately (bare, gateway) for passthrough GET and for the gated POST with a valid entry token,
-# N rounds; prints each round's ratio and the median. Pairing each gateway run with the bare run
-# just before it keeps the box's drift out of the ratio better than one median of each.
-# Usage: [N=9] benches/proxy_pair.sh [seconds per run, default 3]
+# N rounds; prints each round's ratio and the median, and each proxy's CPU time per request (from
+# /proc, user + system). Pairing each gateway run with the bare run just before it keeps the box's
+# drift out of the ratio better than one median of each; CPU per request moves less than req/s
+# with the load of the other processes on the same cores.
+# With PIN=1 each proxy runs on CPU 0 alone and wrk, nginx and Redis on CPU 1, so the proxy's own
+# cost sets the rate instead of where the scheduler puts four busy processes on two cores.
+# Usage: [N=9] [PIN=1] benches/proxy_pair.sh [seconds per run, default 3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-3}
@@ -22,32 +26,53 @@ UP=$(port); BARE=$(port); RP=$(port)
 nginx_upstream "$UP"
 redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & PIDS+=($!)
 "$BARE_BIN" "127.0.0.1:$BARE" "127.0.0.1:$UP" 1 2>"$WORK/bare.log" & PIDS+=($!)
+PID_bare=$!
 export VQ_TOKEN_SECRET="bench-secret-0123456789abcdefghijklmnop"
 GW_EXTRA=$'[token]\nsingle_use = false' start_gw gw redis "redis://127.0.0.1:$RP"
 TOKEN=$(entry_token)
 export TOKEN
 for _ in $(seq 30); do curl -sf "127.0.0.1:$BARE/" >/dev/null 2>&1 && break; sleep 0.1; done
-
-echo "| round | passthrough: bare req/s | gateway req/s | ratio | gated POST: bare req/s | gateway req/s | ratio |"
-echo "|---|---|---|---|---|---|---|"
-for i in $(seq "$N"); do
-  b=$(wrk_line "http://127.0.0.1:$BARE/static/x")
-  g=$(wrk_line "http://127.0.0.1:$GW_gw/static/x")
-  bg=$(wrk_line "http://127.0.0.1:$BARE/limited-drops/42/orders" -s benches/wrk/gated.lua)
-  gg=$(wrk_line "http://127.0.0.1:$GW_gw/limited-drops/42/orders" -s benches/wrk/gated.lua)
-  for line in "$g" "$gg"; do
-    [ "$(echo "$line" | cut -d' ' -f4)" = 0 ] || { echo "non-2xx answers from the gateway: $line" >&2; exit 1; }
+if [ "${PIN:-0}" = 1 ]; then
+  need_tools taskset:util-linux
+  for pid in "$PID_bare" "$PID_gw"; do taskset -a -p -c 0 "$pid" >/dev/null; done
+  for pid in "${PIDS[@]}"; do
+    [ "$pid" = "$PID_bare" ] || [ "$pid" = "$PID_gw" ] && continue
+    for p in "$pid" $(pgrep -P "$pid"); do taskset -a -p -c 1 "$p" >/dev/null; done
   done
+  export WRK_CPUS=1
+fi
+
+# run PID URL [wrk args] — "req/s CPU-µs-per-request" of the proxy PID over one wrk run.
+run() {
+  local pid=$1 before line; shift
+  before=$(cpu_ms "$pid")
+  line=$(wrk_line "$@")
+  [ "$pid" = "$PID_bare" ] || [ "$(echo "$line" | cut -d' ' -f4)" = 0 ] ||
+    { echo "non-2xx answers from the gateway: $line" >&2; exit 1; }
+  echo "$line" | awk -v ms=$(( $(cpu_ms "$pid") - before )) '{ printf "%s %.1f", $1, ms * 1000 / $5 }'
+}
+
+echo "| round | passthrough: bare req/s | gateway req/s | ratio | gated POST: bare req/s | gateway req/s | ratio | CPU µs/request, passthrough: bare / gateway | gated: bare / gateway |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for i in $(seq "$N"); do
+  b=$(run "$PID_bare" "http://127.0.0.1:$BARE/static/x")
+  g=$(run "$PID_gw" "http://127.0.0.1:$GW_gw/static/x")
+  bg=$(run "$PID_bare" "http://127.0.0.1:$BARE/limited-drops/42/orders" -s benches/wrk/gated.lua)
+  gg=$(run "$PID_gw" "http://127.0.0.1:$GW_gw/limited-drops/42/orders" -s benches/wrk/gated.lua)
   python3 -c "
-b, g, bg, gg = (float(x.split()[0]) for x in ('$b', '$g', '$bg', '$gg'))
-print(f'| $i | {b:.0f} | {g:.0f} | {g / b:.2f} | {bg:.0f} | {gg:.0f} | {gg / bg:.2f} |')"
+(b, cb), (g, cg), (bg, cbg), (gg, cgg) = (map(float, x.split()) for x in ('$b', '$g', '$bg', '$gg'))
+print(f'| $i | {b:.0f} | {g:.0f} | {g / b:.2f} | {bg:.0f} | {gg:.0f} | {gg / bg:.2f} | {cb:.1f} / {cg:.1f} | {cbg:.1f} / {cgg:.1f} |')"
 done | tee "$WORK/rounds"
 python3 - "$WORK/rounds" <<'PY'
 import statistics, sys
 rows = [l.split("|") for l in open(sys.argv[1])]
 p = [float(r[4]) for r in rows]
 g = [float(r[7]) for r in rows]
-print(f"\nMedian of {len(rows)} paired rounds: passthrough {statistics.median(p):.2f}, "
-      f"gated {statistics.median(g):.2f} of the bare Pingora proxy "
+med = statistics.median
+cpu = lambda col, side: med(float(r[col].split("/")[side]) for r in rows)
+print(f"\nMedian of {len(rows)} paired rounds: passthrough {med(p):.2f}, "
+      f"gated {med(g):.2f} of the bare Pingora proxy "
       f"(ranges {min(p):.2f}-{max(p):.2f} and {min(g):.2f}-{max(g):.2f}).")
+print(f"CPU µs per request, bare / gateway: passthrough {cpu(8, 0):.1f} / {cpu(8, 1):.1f}, "
+      f"gated {cpu(9, 0):.1f} / {cpu(9, 1):.1f}.")
 PY

@@ -35,7 +35,13 @@ impl FlagState {
             .get(&target)
             .copied()
             .unwrap_or(self.enabled);
-        enabled && bucket(user) < self.rollout_percent
+        // Every bucket is below 100 and none below 0: the hash is needed only in between.
+        enabled
+            && match self.rollout_percent {
+                0 => false,
+                100.. => true,
+                p => bucket(user) < p,
+            }
     }
 }
 
@@ -94,13 +100,27 @@ impl FlagState {
 /// The user's stable rollout bucket, 0..100: the first 8 bytes of SHA-256 of the decimal user id,
 /// big-endian, mod 100. Written out so any other service can compute the same bucket.
 pub fn bucket(user: u64) -> u8 {
-    let digest = ring::digest::digest(&ring::digest::SHA256, user.to_string().as_bytes());
+    let mut decimal = [0u8; 20];
+    let digest = ring::digest::digest(&ring::digest::SHA256, write_decimal(user, &mut decimal));
     let first = digest
         .as_ref()
         .first_chunk::<8>()
         .copied()
         .unwrap_or_default();
     (u64::from_be_bytes(first) % 100) as u8
+}
+
+/// `n` in decimal, written into the end of `buf` (20 bytes hold every u64) without allocating.
+fn write_decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut start = buf.len();
+    loop {
+        start -= 1;
+        buf[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[start..];
+        }
+    }
 }
 
 /// The live flag, shared by every request and replaced as a whole.
@@ -133,6 +153,35 @@ impl Flag {
 mod tests {
     use super::*;
     use crate::queue::TargetType;
+
+    #[test]
+    fn decimals_are_written_like_to_string() {
+        let mut buf = [0u8; 20];
+        for n in [0, 1, 9, 10, 1001, 987_654_321, u64::MAX - 1, u64::MAX] {
+            assert_eq!(write_decimal(n, &mut buf), n.to_string().as_bytes());
+        }
+        // The documented definition, computed the slow way.
+        let by_definition = |user: u64| {
+            let d = ring::digest::digest(&ring::digest::SHA256, user.to_string().as_bytes());
+            let mut first = [0u8; 8];
+            first.copy_from_slice(&d.as_ref()[..8]);
+            (u64::from_be_bytes(first) % 100) as u8
+        };
+        for user in (1..2000).chain([u64::MAX, 1 << 40]) {
+            assert_eq!(bucket(user), by_definition(user));
+        }
+    }
+
+    #[test]
+    fn rollout_ends_need_no_bucket_and_agree_with_it() {
+        let t = QueueTarget::new(TargetType::LimitedDrop, 1);
+        for user in 1..500 {
+            assert!(FlagState::new(true, 100).queue_on(t, user));
+            assert!(!FlagState::new(true, 0).queue_on(t, user));
+            assert!(!FlagState::new(false, 100).queue_on(t, user));
+            assert_eq!(FlagState::new(true, 37).queue_on(t, user), bucket(user) < 37);
+        }
+    }
 
     #[test]
     fn buckets_are_stable_and_spread() {

@@ -17,14 +17,14 @@ use parking_lot::RwLock;
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
 use crate::headers::{self, BadHeader};
 use crate::queue::parse_positive_id;
 
-pub const USER_HEADER: &str = "x-user-id";
+pub const USER_HEADER: HeaderName = HeaderName::from_static("x-user-id");
 
 /// A validated `[identity]` section.
 #[derive(Debug, Clone, PartialEq, Eq)]

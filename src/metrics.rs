@@ -354,7 +354,8 @@ enum Child {
 }
 
 thread_local! {
-    static HOT: RefCell<HashMap<HotKey, Child>> = RefCell::new(HashMap::new());
+    static HOT: RefCell<HashMap<HotKey, Child, ahash::RandomState>> =
+        RefCell::new(HashMap::with_hasher(ahash::RandomState::new()));
 }
 
 /// A histogram child to observe into, if the family is one.

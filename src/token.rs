@@ -141,17 +141,23 @@ pub fn verify(
     if payload_b64.is_empty() || mac_b64.is_empty() || mac_b64.contains('.') {
         return Err(TokenError::Malformed);
     }
-    let payload = B64.decode(payload_b64).map_err(|_| TokenError::Malformed)?;
-    let mac = B64.decode(mac_b64).map_err(|_| TokenError::Malformed)?;
+    // Decoded on the stack: a token is at most MAX_TOKEN_LEN bytes, so its payload decodes to
+    // fewer; a MAC part that does not fit twice MAC_LEN is not ours either way.
+    let mut payload_buf = [0u8; MAX_TOKEN_LEN];
+    let mut mac_buf = [0u8; 2 * MAC_LEN];
+    let decode = |b64: &str, buf: &mut [u8]| B64.decode_slice(b64, buf).ok();
+    let payload_len = decode(payload_b64, &mut payload_buf).ok_or(TokenError::Malformed)?;
+    let mac_len = decode(mac_b64, &mut mac_buf).ok_or(TokenError::Malformed)?;
+    let (payload, mac) = (&payload_buf[..payload_len], &mac_buf[..mac_len]);
     if mac.len() != MAC_LEN {
         return Err(TokenError::Malformed);
     }
     // Authenticate before parsing so the field parser only ever sees bytes we
     // signed ourselves.
-    if !keys.mac_matches(&payload, &mac) {
+    if !keys.mac_matches(payload, mac) {
         return Err(TokenError::BadSignature);
     }
-    let claims = parse_payload(&payload).ok_or(TokenError::Malformed)?;
+    let claims = parse_payload(payload).ok_or(TokenError::Malformed)?;
     if claims.expires_at <= now_epoch_secs {
         return Err(TokenError::Expired);
     }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, Method};
+use http::{HeaderMap, HeaderName, Method};
 
 use super::AppState;
 use crate::error::ApiError;
@@ -18,14 +18,15 @@ use crate::store::Now;
 use crate::store::{QueueStore, StoreError};
 use crate::token::{verify, MAX_TOKEN_LEN};
 
-pub const TOKEN_HEADER: &str = "x-entry-token";
+/// Header names are built once, not parsed from a string on every lookup.
+pub const TOKEN_HEADER: HeaderName = HeaderName::from_static("x-entry-token");
 
 /// Headers that ask some frameworks to treat a POST as another method; never allowed on a gated
 /// path, since the backend might honour one the gateway did not check.
-pub const METHOD_OVERRIDE_HEADERS: [&str; 3] = [
-    "x-http-method-override",
-    "x-method-override",
-    "x-http-method",
+pub const METHOD_OVERRIDE_HEADERS: [HeaderName; 3] = [
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-method-override"),
+    HeaderName::from_static("x-http-method"),
 ];
 
 /// How far in the future a token may expire beyond the configured TTL (clock skew between
@@ -76,7 +77,7 @@ pub struct Passed {
 pub fn check_overrides(headers: &HeaderMap) -> Result<(), Denied> {
     if METHOD_OVERRIDE_HEADERS
         .iter()
-        .any(|h| headers.contains_key(*h))
+        .any(|h| headers.contains_key(h))
     {
         return Err(bad(
             "method_override",

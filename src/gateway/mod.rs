@@ -41,6 +41,9 @@ use route::RouteClass;
 
 pub use crate::app::AppState;
 
+/// An h2c upgrade's settings: never forwarded (the backend must not switch to HTTP/2 past the gate).
+const HTTP2_SETTINGS: http::HeaderName = http::HeaderName::from_static("http2-settings");
+
 /// Per-request context.
 pub struct RequestCtx {
     class: RouteClass,
@@ -183,6 +186,8 @@ fn target_path(raw: &[u8]) -> &[u8] {
 impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
 
+    /// Pingora calls this once the request header has been read, so `started` times the request
+    /// itself, not the keep-alive wait before it.
     fn new_ctx(&self) -> RequestCtx {
         RequestCtx {
             class: RouteClass::Proxy,
@@ -198,9 +203,8 @@ impl ProxyHttp for Gateway {
     async fn early_request_filter(
         &self,
         session: &mut Session,
-        ctx: &mut RequestCtx,
+        _ctx: &mut RequestCtx,
     ) -> Result<()> {
-        ctx.started = Instant::now();
         // Bound the idle time of a connection Pingora keeps alive; never turn keep-alive back on
         // for one it closes (HTTP/1.0, `Connection: close`, ambiguous framing).
         if self
@@ -330,10 +334,10 @@ impl ProxyHttp for Gateway {
         upstream: &mut pingora::http::RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        upstream.remove_header(gate::TOKEN_HEADER);
-        upstream.remove_header("http2-settings");
+        upstream.remove_header(&gate::TOKEN_HEADER);
+        upstream.remove_header(&HTTP2_SETTINGS);
         if self.state.identity.is_jwt() {
-            upstream.remove_header(api::USER_HEADER);
+            upstream.remove_header(&api::USER_HEADER);
             if let Some(user) = ctx.verified_user {
                 upstream.insert_header(api::USER_HEADER, user.to_string())?;
             }

@@ -7,6 +7,7 @@
 //! The id must then be plain digits; leading zeros are folded (`042` is target 42, as the backend
 //! reads it), and the canonical path is what the backend receives. Pure: no I/O.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use http::Method;
@@ -111,21 +112,24 @@ pub fn match_route(routes: &[Arc<GateRoute>], path: &CanonicalPath) -> Option<Ga
             }
         }
         let id = id_segment.and_then(lenient_id);
-        let canonical: Vec<String> = r
-            .segments
-            .iter()
-            .map(|s| match s {
-                Some(lit) => lit.clone(),
-                None => id.map_or_else(
-                    || id_segment.unwrap_or_default().to_string(),
-                    |v| v.to_string(),
-                ),
-            })
-            .collect();
+        let mut canonical = String::with_capacity(64);
+        for s in &r.segments {
+            canonical.push('/');
+            match (s, id) {
+                (Some(lit), _) => canonical.push_str(lit),
+                (None, Some(v)) => {
+                    let _ = write!(canonical, "{v}");
+                }
+                (None, None) => canonical.push_str(id_segment.unwrap_or_default()),
+            }
+        }
+        if canonical.is_empty() {
+            canonical.push('/');
+        }
         Some(GatedPath {
             route: Arc::clone(r),
             target: id.map(|id| QueueTarget::new(r.target_type, id)),
-            canonical: format!("/{}", canonical.join("/")),
+            canonical,
         })
     })
 }
