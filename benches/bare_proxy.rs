@@ -1,6 +1,6 @@
 //! The framework's ceiling, for `benches/run.sh`: a bare Pingora HTTP proxy with the gateway's
-//! server settings (worker threads, one single-threaded runtime per thread) and the gateway's
-//! upstream peer options, and nothing else: no routing, no gate, no logging, no metrics.
+//! server settings (worker threads, one single-threaded runtime per thread), allocator and upstream
+//! peer options, and nothing else: no routing, no gate, no logging, no metrics.
 //!
 //! `cargo bench --bench bare_proxy -- LISTEN UPSTREAM [THREADS]` (runs until killed).
 
@@ -10,6 +10,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use pingora::prelude::*;
 use pingora::server::configuration::ServerConf;
+
+/// The gateway's allocator (`src/main.rs`): the ceiling is the framework with the same process
+/// settings, so the comparison measures the gateway's own work, not the allocator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 struct Bare {
     upstream: SocketAddr,

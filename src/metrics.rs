@@ -241,39 +241,39 @@ impl Metrics {
 
     /// Counts a finished request and observes its latency.
     pub fn count_request(&self, class: &'static str, status: &'static str, seconds: f64) {
-        self.hot(Family::Requests, class, status, None, |_| {
-            Child::Counter(self.requests.with_label_values(&[class, status]))
+        // One cached entry holds both children of the request, so it is one lookup.
+        self.hot(Family::Requests, class, status, None, seconds, |_| {
+            Child::Request(
+                self.requests.with_label_values(&[class, status]),
+                self.latency.with_label_values(&[class]),
+            )
         });
-        self.hot(Family::Latency, class, "", None, |_| {
-            Child::Histogram(self.latency.with_label_values(&[class]))
-        })
-        .observe(seconds);
     }
 
     /// Counts an entry token event (`issued`, `consumed`, `rejected`) of `target`.
     pub fn count_token(&self, target: QueueTarget, event: &'static str) {
-        self.hot(Family::Tokens, event, "", Some(target), |label| {
+        self.hot(Family::Tokens, event, "", Some(target), 0.0, |label| {
             Child::Counter(self.tokens.with_label_values(&[label, event]))
         });
     }
 
     /// Counts an enter outcome of `target`.
     pub fn count_entry(&self, target: QueueTarget, outcome: &'static str) {
-        self.hot(Family::Entries, outcome, "", Some(target), |label| {
+        self.hot(Family::Entries, outcome, "", Some(target), 0.0, |label| {
             Child::Counter(self.entries.with_label_values(&[label, outcome]))
         });
     }
 
     /// Counts a store call of operation `op`.
     pub fn count_store_call(&self, op: &'static str) {
-        self.hot(Family::StoreCalls, op, "", None, |_| {
+        self.hot(Family::StoreCalls, op, "", None, 0.0, |_| {
             Child::Counter(self.store_calls.with_label_values(&[op]))
         });
     }
 
-    /// Increments (a counter) or hands over (a histogram) the child of `family` with these
-    /// labels, found in this thread's cache; `child` makes it on a miss, given the target's
-    /// label value. The request path thus neither hashes label strings into a family's locked
+    /// Increments the counter of `family` with these labels, found in this thread's cache, and
+    /// observes `seconds` in the entry's latency histogram if it has one; `child` makes the entry
+    /// on a miss, given the target's label value. The request path thus neither hashes label strings into a family's locked
     /// map nor formats a target label on every request. The cache is bounded (targets are
     /// chosen by clients): past `HOT_CHILDREN` entries a thread looks children up uncached.
     fn hot(
@@ -282,8 +282,9 @@ impl Metrics {
         a: &'static str,
         b: &'static str,
         target: Option<QueueTarget>,
+        seconds: f64,
         child: impl FnOnce(&str) -> Child,
-    ) -> Observe {
+    ) {
         let key = HotKey {
             metrics: self.id,
             family,
@@ -291,27 +292,25 @@ impl Metrics {
             b,
             target,
         };
+        let count = |found: &Child| match found {
+            Child::Counter(c) => c.inc(),
+            Child::Request(c, h) => {
+                c.inc();
+                h.observe(seconds);
+            }
+        };
         HOT.with(|hot| {
             let mut hot = hot.borrow_mut();
-            let found = match hot.get(&key) {
-                Some(found) => found.clone(),
-                None => {
-                    let made = match target {
-                        Some(t) => child(&self.targets.label(t)),
-                        None => child(""),
-                    };
-                    if hot.len() < HOT_CHILDREN {
-                        hot.insert(key, made.clone());
-                    }
-                    made
-                }
+            if let Some(found) = hot.get(&key) {
+                return count(found);
+            }
+            let made = match target {
+                Some(t) => child(&self.targets.label(t)),
+                None => child(""),
             };
-            match found {
-                Child::Counter(c) => {
-                    c.inc();
-                    Observe(None)
-                }
-                Child::Histogram(h) => Observe(Some(h)),
+            count(&made);
+            if hot.len() < HOT_CHILDREN {
+                hot.insert(key, made);
             }
         })
     }
@@ -332,7 +331,6 @@ const HOT_CHILDREN: usize = 4096;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Family {
     Requests,
-    Latency,
     Tokens,
     Entries,
     StoreCalls,
@@ -347,26 +345,15 @@ struct HotKey {
     target: Option<QueueTarget>,
 }
 
-#[derive(Clone)]
 enum Child {
     Counter(IntCounter),
-    Histogram(Histogram),
+    /// A request's counter (class, status) and latency histogram (class).
+    Request(IntCounter, Histogram),
 }
 
 thread_local! {
     static HOT: RefCell<HashMap<HotKey, Child, ahash::RandomState>> =
         RefCell::new(HashMap::with_hasher(ahash::RandomState::new()));
-}
-
-/// A histogram child to observe into, if the family is one.
-struct Observe(Option<Histogram>);
-
-impl Observe {
-    fn observe(self, v: f64) {
-        if let Some(h) = self.0 {
-            h.observe(v);
-        }
-    }
 }
 
 /// How many distinct targets get a label of their own; later ones share `other`, since clients

@@ -334,8 +334,12 @@ impl ProxyHttp for Gateway {
         upstream: &mut pingora::http::RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        upstream.remove_header(&gate::TOKEN_HEADER);
-        upstream.remove_header(&HTTP2_SETTINGS);
+        // Looked up first: removing also searches Pingora's case-preserving copy of the names.
+        for name in [&gate::TOKEN_HEADER, &HTTP2_SETTINGS] {
+            if upstream.headers.contains_key(name) {
+                upstream.remove_header(name);
+            }
+        }
         if self.state.identity.is_jwt() {
             upstream.remove_header(&api::USER_HEADER);
             if let Some(user) = ctx.verified_user {
