@@ -179,7 +179,10 @@ mod tests {
             assert!(FlagState::new(true, 100).queue_on(t, user));
             assert!(!FlagState::new(true, 0).queue_on(t, user));
             assert!(!FlagState::new(false, 100).queue_on(t, user));
-            assert_eq!(FlagState::new(true, 37).queue_on(t, user), bucket(user) < 37);
+            assert_eq!(
+                FlagState::new(true, 37).queue_on(t, user),
+                bucket(user) < 37
+            );
         }
     }
 
