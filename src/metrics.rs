@@ -273,9 +273,10 @@ impl Metrics {
 
     /// Increments the counter of `family` with these labels, found in this thread's cache, and
     /// observes `seconds` in the entry's latency histogram if it has one; `child` makes the entry
-    /// on a miss, given the target's label value. The request path thus neither hashes label strings into a family's locked
-    /// map nor formats a target label on every request. The cache is bounded (targets are
-    /// chosen by clients): past `HOT_CHILDREN` entries a thread looks children up uncached.
+    /// on a miss, given the target's label value. The request path thus neither hashes label
+    /// strings into a family's locked map nor formats a target label on every request. The cache
+    /// is bounded (targets are chosen by clients): past `HOT_CHILDREN` entries a thread looks
+    /// children up uncached.
     fn hot(
         &self,
         family: Family,
