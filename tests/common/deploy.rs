@@ -212,6 +212,19 @@ impl SentinelSet {
         let primary = RedisServer::start();
         let replica =
             RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+        // The replica in sync before any sentinel starts: a sentinel learns of replicas from the
+        // primary's INFO, which it reads only every 10 s, so a replica that connects just after
+        // the first read stays unknown that long.
+        let replica_synced = || {
+            replica
+                .cmd(&["INFO", "replication"])
+                .as_str()
+                .is_some_and(|i| i.contains("master_link_status:up"))
+        };
+        assert!(
+            wait_until(Duration::from_secs(20), replica_synced),
+            "the replica did not sync"
+        );
         let sentinels = (0..3)
             .map(|_| {
                 let port = free_port();
@@ -245,9 +258,11 @@ impl SentinelSet {
             replica,
             sentinels,
         };
-        // Ready when the replica is in sync and every sentinel knows the other two and the replica.
+        // Ready when the replica is in sync and every sentinel knows the other two and the replica
+        // (hellos every 2 s, the primary's INFO every 10 s: two INFO rounds and then some, for a
+        // loaded box).
         assert!(
-            wait_until(Duration::from_secs(20), || {
+            wait_until(Duration::from_secs(40), || {
                 let synced = set
                     .replica
                     .cmd(&["INFO", "replication"])
