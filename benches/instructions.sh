@@ -6,7 +6,7 @@
 # warm-up and divided by the requests answered, so the figures do not move with the load of a
 # shared box the way req/s does.
 # With KEEP=DIR the callgrind files stay in DIR (bare-passthrough, gateway-gated, ...) for
-# callgrind_annotate.
+# callgrind_annotate, and DIR/NAME.requests the requests each one counted.
 # Usage: [KEEP=DIR] benches/instructions.sh [seconds per run, default 20]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +42,7 @@ count() {
   grep -q "Non-2xx" "$WORK/wrk.out" && { echo "non-2xx answers: $(cat "$WORK/wrk.out")" >&2; exit 1; }
   rm -f "$WORK"/cg."$pid".*
   callgrind_control -d "$pid" >/dev/null 2>&1
-  [ -z "${KEEP:-}" ] || { mkdir -p "$KEEP"; cat "$WORK"/cg."$pid".* > "$KEEP/$name"; }
+  [ -z "${KEEP:-}" ] || { mkdir -p "$KEEP"; cat "$WORK"/cg."$pid".* > "$KEEP/$name"; echo "$done" > "$KEEP/$name.requests"; }
   local total=0 f
   for f in "$WORK"/cg."$pid".*; do
     total=$((total + $(sed -n 's/^totals: *\([0-9]*\).*/\1/p' "$f")))

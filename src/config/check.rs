@@ -191,13 +191,12 @@ pub(super) fn gate(g: &GateSection, u: &UpgradeSection) -> Result<GateConfig, Co
         let key = format!("upgrade.paths[{i}].prefix");
         let canonical = crate::routing::path::canonicalize(p.prefix.as_bytes())
             .map_err(|e| invalid(&key, format!("`{}`: {e}", p.prefix)))?;
-        if canonical.segments.is_empty() {
+        if canonical.is_empty() {
             return Err(invalid(&key, "must name at least one path segment"));
         }
         let segments: Vec<String> = canonical
-            .segments
-            .iter()
-            .map(|s| s.to_ascii_lowercase())
+            .segments()
+            .map(str::to_ascii_lowercase)
             .collect();
         if segments[0] == crate::routing::API_PREFIX {
             return Err(invalid(&key, "the queue API never upgrades"));

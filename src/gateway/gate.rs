@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, Method};
 
+use super::hygiene::HeaderFacts;
 use super::AppState;
 use crate::error::ApiError;
 use crate::failopen::LocalClaim;
@@ -73,24 +74,10 @@ pub struct Passed {
     pub claim: Option<Claim>,
 }
 
-/// Header checks that apply to every request on a gated path, whatever its method.
-pub fn check_overrides(headers: &HeaderMap) -> Result<(), Denied> {
-    if METHOD_OVERRIDE_HEADERS
-        .iter()
-        .any(|h| headers.contains_key(h))
-    {
-        return Err(bad(
-            "method_override",
-            "method-override headers are not allowed on this route",
-        ));
-    }
-    Ok(())
-}
-
 /// The full check of a gated request (method already matched).
 pub async fn check(
     state: &AppState,
-    gated: &GatedPath,
+    gated: &GatedPath<'_>,
     headers: &HeaderMap,
     identity: Result<u64, IdentityError>,
     now: Now,
@@ -221,20 +208,25 @@ pub enum GateDecision {
     Refuse(Denied),
 }
 
-/// The gate: method-override headers, other creating methods, then the token check. Owns its
-/// metrics (tokens consumed and rejected, bypass attempts) and the log line of a refusal.
+/// The gate: method-override headers (`facts`, whatever the method), other creating methods, then
+/// the token check. Owns its metrics (tokens consumed and rejected, bypass attempts) and the log
+/// line of a refusal.
 pub async fn decide(
     state: &AppState,
-    g: &GatedPath,
+    g: &GatedPath<'_>,
     method: &Method,
     headers: &HeaderMap,
+    facts: HeaderFacts,
     identity: Result<u64, IdentityError>,
     now: Now,
 ) -> GateDecision {
-    let route = &g.route;
+    let route = g.route;
     let gated = route.gates(method);
-    let denied = if let Err(d) = check_overrides(headers) {
-        d
+    let denied = if facts.method_override {
+        bad(
+            "method_override",
+            "method-override headers are not allowed on this route",
+        )
     } else if !gated && super::hygiene::may_create(method) {
         // Another method that may create on a purchase path (PUT, PATCH, a custom one): a
         // backend that maps it to the same handler must not get it unchecked.
@@ -274,14 +266,6 @@ pub async fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[test]
-    fn override_headers_are_refused() {
-        let mut h = HeaderMap::new();
-        assert!(check_overrides(&h).is_ok());
-        h.insert("x-http-method-override", "GET".parse().unwrap());
-        assert_eq!(check_overrides(&h).unwrap_err().reason, "method_override");
-    }
-
     #[test]
     fn token_ids_are_stable_hex() {
         assert_eq!(token_id("a"), token_id("a"));

@@ -12,7 +12,10 @@
 //!
 //! Pure: no I/O.
 
-use http::{HeaderMap, Method};
+use http::{header, HeaderMap, HeaderName, Method};
+
+use super::gate::METHOD_OVERRIDE_HEADERS;
+use crate::routing::path::CanonicalPath;
 
 /// Headers the gate or the backend relies on; naming one in `Connection` is refused.
 pub const PROTECTED_HEADERS: [&str; 8] = [
@@ -36,83 +39,123 @@ pub struct Refusal {
     pub detail: &'static str,
 }
 
-fn refuse(reason: &'static str, detail: &'static str) -> Result<(), Refusal> {
-    Err(Refusal { reason, detail })
+/// Headers the backend never receives: the entry token (a credential for the gate, not for the
+/// backend) and an h2c upgrade's settings (the backend must not switch to HTTP/2 past the gate).
+pub const NEVER_FORWARDED: [HeaderName; 2] = [
+    super::gate::TOKEN_HEADER,
+    HeaderName::from_static("http2-settings"),
+];
+
+/// What one pass over a request's header fields found, for the checks that follow it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeaderFacts {
+    /// `Upgrade` is present or `Connection` names `upgrade`: the request asks to switch protocols.
+    pub upgrade: bool,
+    /// A method-override header is present (`gate::METHOD_OVERRIDE_HEADERS`).
+    pub method_override: bool,
+    /// A header in `NEVER_FORWARDED` is present.
+    pub never_forwarded: bool,
 }
 
-/// The comma-separated tokens of every `Connection` header, lower-cased.
-fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = String> + '_ {
-    headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .flat_map(|v| {
-            v.to_str()
-                .unwrap_or("\u{0}invalid")
-                .split(',')
-                .map(|t| t.trim().to_ascii_lowercase())
-                .collect::<Vec<_>>()
-        })
+/// Why `scan` refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanError {
+    /// Past `max_header_bytes` or `max_headers`: answered 431 without reading further.
+    TooLarge,
+    /// A header spelling the backend might read differently: answered 400.
+    Refused(Refusal),
 }
 
-/// Checks every request, whatever its path.
-pub fn check_headers(headers: &HeaderMap) -> Result<(), Refusal> {
-    for token in connection_tokens(headers) {
-        if PROTECTED_HEADERS.contains(&token.as_str()) || token.starts_with('\u{0}') {
-            return refuse(
-                "connection_header",
-                "the Connection header may not name this header",
-            );
-        }
-    }
-    let mut lengths = headers.get_all(http::header::CONTENT_LENGTH).iter();
-    if let Some(first) = lengths.next() {
-        if lengths.next().is_some() {
-            return refuse("content_length", "exactly one Content-Length is allowed");
-        }
-        let ok = first.to_str().ok().is_some_and(|s| {
-            !s.is_empty()
-                && s.len() <= 13
-                && s.bytes().all(|b| b.is_ascii_digit())
-                && s.parse::<u64>().is_ok_and(|n| n <= MAX_CONTENT_LENGTH)
-        });
-        if !ok {
-            return refuse(
-                "content_length",
-                "Content-Length must be one decimal number in range",
-            );
-        }
-        if headers.contains_key(http::header::TRANSFER_ENCODING) {
-            return refuse(
-                "content_length",
-                "Content-Length and Transfer-Encoding may not both be sent",
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Whether the request line and headers stay within `max_bytes` and `max_headers` fields.
-pub fn within_limits(
+/// Checks every request's header fields, whatever its path, in one pass: their size and count,
+/// `Connection` naming a protected header, `Content-Length` and `Transfer-Encoding`; and notes
+/// what later checks need (`HeaderFacts`). A request too large is refused as such even when it
+/// also has a bad spelling.
+pub fn scan(
     req: &pingora::http::RequestHeader,
     max_bytes: usize,
     max_headers: usize,
-) -> bool {
-    if req.headers.len() > max_headers {
-        return false;
-    }
+) -> Result<HeaderFacts, ScanError> {
     let line = req.method.as_str().len() + req.raw_path().len() + 12;
-    let fields: usize = req
-        .headers
-        .iter()
-        .map(|(k, v)| k.as_str().len() + v.len() + 4)
-        .sum();
-    line + fields <= max_bytes
+    scan_fields(&req.headers, line, max_bytes, max_headers)
 }
 
-/// Whether the request asks to switch protocols.
-pub fn wants_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(http::header::UPGRADE)
-        || connection_tokens(headers).any(|t| t == "upgrade")
+/// `scan` of the header fields after a request line of `line_bytes`.
+fn scan_fields(
+    headers: &HeaderMap,
+    line_bytes: usize,
+    max_bytes: usize,
+    max_headers: usize,
+) -> Result<HeaderFacts, ScanError> {
+    if headers.len() > max_headers {
+        return Err(ScanError::TooLarge);
+    }
+    let mut facts = HeaderFacts::default();
+    let mut bytes = line_bytes;
+    let mut connection_refused = false;
+    let mut lengths = 0;
+    let mut length_ok = false;
+    let mut transfer_encoding = false;
+    for (name, value) in headers {
+        bytes += name.as_str().len() + value.len() + 4;
+        if name == header::CONNECTION {
+            match value.to_str() {
+                Ok(v) => {
+                    for token in v.split(',').map(str::trim) {
+                        facts.upgrade |= token.eq_ignore_ascii_case("upgrade");
+                        connection_refused |= PROTECTED_HEADERS
+                            .iter()
+                            .any(|p| token.eq_ignore_ascii_case(p));
+                    }
+                }
+                Err(_) => connection_refused = true,
+            }
+        } else if name == header::CONTENT_LENGTH {
+            lengths += 1;
+            length_ok = plain_length(value.as_bytes());
+        } else if name == header::TRANSFER_ENCODING {
+            transfer_encoding = true;
+        } else if name == header::UPGRADE {
+            facts.upgrade = true;
+        } else if METHOD_OVERRIDE_HEADERS.contains(name) {
+            facts.method_override = true;
+        } else if NEVER_FORWARDED.contains(name) {
+            facts.never_forwarded = true;
+        }
+    }
+    if bytes > max_bytes {
+        return Err(ScanError::TooLarge);
+    }
+    let refuse = |reason, detail| Err(ScanError::Refused(Refusal { reason, detail }));
+    if connection_refused {
+        return refuse(
+            "connection_header",
+            "the Connection header may not name this header",
+        );
+    }
+    if lengths > 1 {
+        return refuse("content_length", "exactly one Content-Length is allowed");
+    }
+    if lengths == 1 && !length_ok {
+        return refuse(
+            "content_length",
+            "Content-Length must be one decimal number in range",
+        );
+    }
+    if lengths == 1 && transfer_encoding {
+        return refuse(
+            "content_length",
+            "Content-Length and Transfer-Encoding may not both be sent",
+        );
+    }
+    Ok(facts)
+}
+
+/// One plain decimal of at most 13 digits, at most `MAX_CONTENT_LENGTH`.
+fn plain_length(v: &[u8]) -> bool {
+    !v.is_empty()
+        && v.len() <= 13
+        && v.iter().all(u8::is_ascii_digit)
+        && v.iter().fold(0u64, |n, &d| n * 10 + u64::from(d - b'0')) <= MAX_CONTENT_LENGTH
 }
 
 /// Whether every `Upgrade` value is websocket (h2c would carry HTTP/2 requests past the gate).
@@ -127,12 +170,13 @@ pub fn websocket_only(headers: &HeaderMap) -> bool {
         })
 }
 
-/// Whether `segments` (canonical) lie under one of the configured upgrade prefixes.
-pub fn under_prefix(prefixes: &[Vec<String>], segments: &[String]) -> bool {
+/// Whether `path` lies under one of the configured upgrade prefixes (whole segments).
+pub fn under_prefix(prefixes: &[Vec<String>], path: &CanonicalPath) -> bool {
+    let len = path.len();
     prefixes.iter().any(|p| {
-        p.len() <= segments.len()
+        p.len() <= len
             && p.iter()
-                .zip(segments)
+                .zip(path.segments())
                 .all(|(want, got)| want.eq_ignore_ascii_case(got))
     })
 }
@@ -151,76 +195,119 @@ pub fn may_create(method: &Method) -> bool {
 
 /// Methods that change state (where a lookalike path must not reach the backend).
 pub fn unsafe_method(method: &Method) -> bool {
-    !matches!(
-        method.as_str().to_ascii_uppercase().as_str(),
-        "GET" | "HEAD" | "OPTIONS" | "TRACE"
-    )
+    let m = method.as_str();
+    !["GET", "HEAD", "OPTIONS", "TRACE"]
+        .iter()
+        .any(|safe| m.eq_ignore_ascii_case(safe))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    use crate::routing::path::canonicalize;
     use crate::test_util::headers as h;
+
+    fn check(m: &HeaderMap) -> Result<HeaderFacts, Refusal> {
+        scan_fields(m, 20, usize::MAX, usize::MAX).map_err(|e| match e {
+            ScanError::Refused(r) => r,
+            ScanError::TooLarge => panic!("no limit was set"),
+        })
+    }
 
     #[test]
     fn connection_may_not_name_protected_headers() {
-        assert!(check_headers(&h(&[("connection", "keep-alive")])).is_ok());
-        assert!(check_headers(&h(&[("connection", "Upgrade")])).is_ok());
+        assert!(check(&h(&[("connection", "keep-alive")])).is_ok());
+        assert!(check(&h(&[("connection", "Upgrade")])).is_ok());
         for bad in [
             "X-User-Id",
             "keep-alive, x-user-id",
             "X-Entry-Token",
             "authorization",
+            "close,\tCookie ",
         ] {
-            let r = check_headers(&h(&[("connection", bad)]));
+            let r = check(&h(&[("connection", bad)]));
             assert_eq!(r.unwrap_err().reason, "connection_header", "{bad}");
         }
         let two = h(&[("connection", "close"), ("connection", "Cookie")]);
-        assert!(check_headers(&two).is_err());
+        assert!(check(&two).is_err());
+        let mut binary = HeaderMap::new();
+        binary.insert(
+            header::CONNECTION,
+            http::HeaderValue::from_bytes(b"close, \xff").unwrap(),
+        );
+        assert_eq!(check(&binary).unwrap_err().reason, "connection_header");
     }
 
     #[test]
     fn content_length_is_one_plain_number() {
-        assert!(check_headers(&h(&[("content-length", "84")])).is_ok());
-        assert!(check_headers(&h(&[("content-length", "0")])).is_ok());
+        assert!(check(&h(&[("content-length", "84")])).is_ok());
+        assert!(check(&h(&[("content-length", "0")])).is_ok());
+        assert!(check(&h(&[("content-length", "1000000000000")])).is_ok());
         for bad in [
             "84, 84",
             "+84",
             " 84",
             "0x54",
             "9223372036854775808",
+            "1000000000001",
+            "99999999999999",
             "",
             "1e3",
         ] {
             let m = h(&[("content-length", bad)]);
-            assert_eq!(
-                check_headers(&m).unwrap_err().reason,
-                "content_length",
-                "{bad:?}"
-            );
+            assert_eq!(check(&m).unwrap_err().reason, "content_length", "{bad:?}");
         }
         let dup = h(&[("content-length", "84"), ("content-length", "84")]);
-        assert!(check_headers(&dup).is_err());
+        assert!(check(&dup).is_err());
         let both = h(&[("content-length", "5"), ("transfer-encoding", "chunked")]);
-        assert!(check_headers(&both).is_err());
+        assert!(check(&both).is_err());
+        let te_first = h(&[("transfer-encoding", "chunked"), ("content-length", "5")]);
+        assert!(check(&te_first).is_err());
+    }
+
+    #[test]
+    fn size_and_count_limits_come_first() {
+        let m = h(&[("x-a", "12345"), ("connection", "x-user-id")]);
+        // Fields cost name + value + 4 bytes each, after the request line.
+        let fields = (3 + 5 + 4) + (10 + 9 + 4);
+        assert!(scan_fields(&m, 20, 20 + fields, 2).is_err_and(|e| e != ScanError::TooLarge));
+        assert_eq!(
+            scan_fields(&m, 20, 20 + fields - 1, 2),
+            Err(ScanError::TooLarge)
+        );
+        assert_eq!(scan_fields(&m, 20, usize::MAX, 1), Err(ScanError::TooLarge));
+    }
+
+    #[test]
+    fn facts_for_the_later_checks() {
+        assert_eq!(check(&h(&[("accept", "*/*")])), Ok(HeaderFacts::default()));
+        let f = check(&h(&[("upgrade", "websocket")])).unwrap();
+        assert!(f.upgrade && !f.method_override && !f.never_forwarded);
+        assert!(check(&h(&[("connection", "keep-alive, Upgrade")])).unwrap().upgrade);
+        assert!(!check(&h(&[("connection", "upgrades")])).unwrap().upgrade);
+        for o in ["X-HTTP-Method-Override", "x-method-override", "X-HTTP-Method"] {
+            assert!(check(&h(&[(o, "GET")])).unwrap().method_override, "{o}");
+        }
+        for n in ["X-Entry-Token", "HTTP2-Settings"] {
+            assert!(check(&h(&[(n, "x")])).unwrap().never_forwarded, "{n}");
+        }
     }
 
     #[test]
     fn upgrades() {
-        assert!(!wants_upgrade(&h(&[])));
-        assert!(wants_upgrade(&h(&[("upgrade", "websocket")])));
-        assert!(wants_upgrade(&h(&[("connection", "keep-alive, Upgrade")])));
         assert!(websocket_only(&h(&[("upgrade", "WebSocket")])));
         assert!(!websocket_only(&h(&[("upgrade", "h2c")])));
         assert!(!websocket_only(&h(&[("upgrade", "websocket, h2c")])));
         assert!(!websocket_only(&h(&[])));
         let prefixes = vec![vec!["ws".to_string()]];
-        let seg = |p: &str| p.split('/').map(String::from).collect::<Vec<_>>();
-        assert!(under_prefix(&prefixes, &seg("ws/chat")));
-        assert!(under_prefix(&prefixes, &seg("WS/chat")));
-        assert!(!under_prefix(&prefixes, &seg("wsx/chat")));
-        assert!(!under_prefix(&[], &seg("ws/chat")));
+        let under = |p: &str| under_prefix(&prefixes, &canonicalize(p.as_bytes()).unwrap());
+        assert!(under("/ws/chat"));
+        assert!(under("/WS/chat"));
+        assert!(under("/ws"));
+        assert!(!under("/wsx/chat"));
+        assert!(!under("/"));
+        assert!(!under_prefix(&[], &canonicalize(b"/ws/chat").unwrap()));
     }
 
     #[test]
@@ -231,5 +318,7 @@ mod tests {
         assert!(unsafe_method(&Method::POST));
         assert!(unsafe_method(&Method::from_bytes(b"post").unwrap()));
         assert!(!unsafe_method(&Method::GET));
+        assert!(!unsafe_method(&Method::from_bytes(b"options").unwrap()));
+        assert!(unsafe_method(&Method::from_bytes(b"GETX").unwrap()));
     }
 }

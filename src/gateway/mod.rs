@@ -41,9 +41,6 @@ use route::RouteClass;
 
 pub use crate::app::AppState;
 
-/// An h2c upgrade's settings: never forwarded (the backend must not switch to HTTP/2 past the gate).
-const HTTP2_SETTINGS: http::HeaderName = http::HeaderName::from_static("http2-settings");
-
 /// Per-request context.
 pub struct RequestCtx {
     class: RouteClass,
@@ -57,6 +54,9 @@ pub struct RequestCtx {
     sent_upstream: bool,
     /// Whether this request may switch protocols (a configured websocket path).
     upgrade: bool,
+    /// Whether the request carries a header the backend never receives
+    /// (`hygiene::NEVER_FORWARDED`).
+    never_forwarded: bool,
     /// With `identity.mode = "jwt"`: the verified user, the only `X-User-Id` the backend sees.
     verified_user: Option<u64>,
 }
@@ -93,12 +93,15 @@ impl Gateway {
         &self,
         session: &Session,
         ctx: &mut RequestCtx,
-        g: &gated::GatedPath,
+        g: &gated::GatedPath<'_>,
+        facts: hygiene::HeaderFacts,
         identity: Result<u64, IdentityError>,
     ) -> Option<Reply> {
         let req = session.req_header();
         let now = crate::clock::now();
-        match gate::decide(&self.state, g, &req.method, &req.headers, identity, now).await {
+        let decision =
+            gate::decide(&self.state, g, &req.method, &req.headers, facts, identity, now).await;
+        match decision {
             gate::GateDecision::NotGated => None,
             gate::GateDecision::Pass { claim } => {
                 ctx.class = RouteClass::Gated;
@@ -196,6 +199,7 @@ impl ProxyHttp for Gateway {
             claim: None,
             sent_upstream: false,
             upgrade: false,
+            never_forwarded: false,
             verified_user: None,
         }
     }
@@ -223,23 +227,26 @@ impl ProxyHttp for Gateway {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         let c = &self.state.config.server;
-        if !hygiene::within_limits(session.req_header(), c.max_header_bytes, c.max_headers) {
-            ctx.class = RouteClass::Rejected;
-            self.state
-                .metrics
-                .bypass
-                .with_label_values(&["any", "headers_too_large"])
-                .inc();
-            let reply = Reply::error(&ApiError::HeadersTooLarge);
-            // The body of such a request is not worth reading: answer and close.
-            session.set_keepalive(None);
-            write_reply(session, &reply).await?;
-            return Ok(true);
-        }
-        if let Err(r) = hygiene::check_headers(&session.req_header().headers) {
-            return self.reject(session, ctx, r).await;
-        }
-        let raw = session.req_header().raw_path();
+        let facts = match hygiene::scan(session.req_header(), c.max_header_bytes, c.max_headers) {
+            Ok(facts) => facts,
+            Err(hygiene::ScanError::TooLarge) => {
+                ctx.class = RouteClass::Rejected;
+                self.state
+                    .metrics
+                    .bypass
+                    .with_label_values(&["any", "headers_too_large"])
+                    .inc();
+                let reply = Reply::error(&ApiError::HeadersTooLarge);
+                // The body of such a request is not worth reading: answer and close.
+                session.set_keepalive(None);
+                write_reply(session, &reply).await?;
+                return Ok(true);
+            }
+            Err(hygiene::ScanError::Refused(r)) => return self.reject(session, ctx, r).await,
+        };
+        ctx.never_forwarded = facts.never_forwarded;
+        let req = session.req_header();
+        let raw = req.raw_path();
         let absolute_form = is_absolute_form(raw);
         let canonical = match path::canonicalize(target_path(raw)) {
             Ok(c) => c,
@@ -250,11 +257,10 @@ impl ProxyHttp for Gateway {
             }
         };
         if route::is_api_path(&canonical) {
-            let method = session.req_header().method.clone();
-            let reply = match route::parse_api(&canonical, &method) {
+            let reply = match route::parse_api(&canonical, &req.method) {
                 Ok(call) => {
                     ctx.class = call.op.class();
-                    api::handle(&self.state, call, &session.req_header().headers).await
+                    api::handle(&self.state, call, &req.headers).await
                 }
                 Err(e) => {
                     ctx.class = RouteClass::QueueError;
@@ -265,9 +271,9 @@ impl ProxyHttp for Gateway {
         }
         ctx.class = RouteClass::Proxy;
         let config = &self.state.config;
-        let method = session.req_header().method.clone();
+        let method = &req.method;
         let gated = gated::match_route(&config.gate.routes, &canonical);
-        if gated.is_some() && !hygiene::upper_case_method(&method) {
+        if gated.is_some() && !hygiene::upper_case_method(method) {
             let r = hygiene::Refusal {
                 reason: "method_case",
                 detail: "the method on this route must be an upper-case token",
@@ -275,24 +281,24 @@ impl ProxyHttp for Gateway {
             return self.reject(session, ctx, r).await;
         }
         let lookalike = gated.is_none() && gated::lookalike(&config.gate.routes, &canonical);
-        if lookalike && gate::check_overrides(&session.req_header().headers).is_err() {
+        if lookalike && facts.method_override {
             let r = hygiene::Refusal {
                 reason: "method_override",
                 detail: "method-override headers are not allowed on this route",
             };
             return self.reject(session, ctx, r).await;
         }
-        if lookalike && hygiene::unsafe_method(&method) {
+        if lookalike && hygiene::unsafe_method(method) {
             let r = hygiene::Refusal {
                 reason: "lookalike_route",
                 detail: "this path is too close to a purchase route",
             };
             return self.reject(session, ctx, r).await;
         }
-        if hygiene::wants_upgrade(&session.req_header().headers) {
+        if facts.upgrade {
             let allowed = gated.is_none()
-                && hygiene::websocket_only(&session.req_header().headers)
-                && hygiene::under_prefix(&config.gate.upgrade_prefixes, &canonical.segments);
+                && hygiene::websocket_only(&req.headers)
+                && hygiene::under_prefix(&config.gate.upgrade_prefixes, &canonical);
             if !allowed {
                 let r = hygiene::Refusal {
                     reason: "upgrade",
@@ -304,7 +310,7 @@ impl ProxyHttp for Gateway {
         }
         // The user, resolved once (a JWT is verified once per request).
         let identity = if self.state.identity.is_jwt() || gated.is_some() {
-            self.state.identity.user(&session.req_header().headers)
+            self.state.identity.user(&req.headers)
         } else {
             Err(IdentityError::Missing)
         };
@@ -314,13 +320,13 @@ impl ProxyHttp for Gateway {
             ctx.verified_user = identity.ok();
         }
         if let Some(g) = gated {
-            if let Some(reply) = self.gate(session, ctx, &g, identity).await {
+            if let Some(reply) = self.gate(session, ctx, &g, facts, identity).await {
                 return answer_locally(session, &reply).await;
             }
             // The backend receives the canonical path; a request target that is exactly that
             // path (no query, no other spelling) goes as it came, without a rebuilt URI.
             if session.req_header().raw_path() != g.canonical.as_bytes() {
-                ctx.forward_path = Some(g.canonical);
+                ctx.forward_path = Some(g.canonical.into_owned());
             }
         } else if absolute_form {
             ctx.forward_path = Some(canonical.to_path());
@@ -334,9 +340,8 @@ impl ProxyHttp for Gateway {
         upstream: &mut pingora::http::RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        // Looked up first: removing also searches Pingora's case-preserving copy of the names.
-        for name in [&gate::TOKEN_HEADER, &HTTP2_SETTINGS] {
-            if upstream.headers.contains_key(name) {
+        if ctx.never_forwarded {
+            for name in &hygiene::NEVER_FORWARDED {
                 upstream.remove_header(name);
             }
         }

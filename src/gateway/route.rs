@@ -71,16 +71,16 @@ pub struct ApiCall {
 }
 
 pub fn is_api_path(path: &CanonicalPath) -> bool {
-    path.segments
-        .first()
+    path.segments()
+        .next()
         .is_some_and(|s| s.eq_ignore_ascii_case(API_PREFIX))
 }
 
 /// Parses `/virtual-queues/{type}/{targetId}/...` (SPEC §3). Checks in the order a client can act
 /// on: the type (404), the id (400), the resource (400), then the method (405).
 pub fn parse_api(path: &CanonicalPath, method: &Method) -> Result<ApiCall, ApiError> {
-    let s: Vec<&str> = path.segments.iter().map(String::as_str).collect();
-    let kind = match s.get(1) {
+    let mut s = path.segments().skip(1);
+    let kind = match s.next() {
         Some(t) => TargetType::from_path_segment(t).ok_or(ApiError::UnknownTargetType)?,
         None => {
             return Err(ApiError::BadRequest(
@@ -89,17 +89,20 @@ pub fn parse_api(path: &CanonicalPath, method: &Method) -> Result<ApiCall, ApiEr
         }
     };
     let id = s
-        .get(2)
-        .and_then(|id| parse_positive_id(id))
+        .next()
+        .and_then(parse_positive_id)
         .ok_or(ApiError::BadRequest("targetId must be a positive integer"))?;
     let target = QueueTarget::new(kind, id);
-    let rest = s.get(3..).unwrap_or(&[]);
+    // The resource: at most two segments after the id (a third makes it unknown).
+    let rest = [s.next(), s.next(), s.next()];
     let op = match (rest, method) {
-        (["entries"], &Method::POST) => ApiOp::Enter,
-        (["entries", "me"], &Method::GET) => ApiOp::Poll,
-        (["entries", "me"], &Method::DELETE) => ApiOp::Leave,
-        (["stats"], &Method::GET) => ApiOp::Stats,
-        (["entries"] | ["entries", "me"] | ["stats"], _) => return Err(ApiError::MethodNotAllowed),
+        ([Some("entries"), None, None], &Method::POST) => ApiOp::Enter,
+        ([Some("entries"), Some("me"), None], &Method::GET) => ApiOp::Poll,
+        ([Some("entries"), Some("me"), None], &Method::DELETE) => ApiOp::Leave,
+        ([Some("stats"), None, None], &Method::GET) => ApiOp::Stats,
+        ([Some("entries"), None | Some("me"), None] | [Some("stats"), None, None], _) => {
+            return Err(ApiError::MethodNotAllowed)
+        }
         _ => return Err(ApiError::BadRequest("unknown queue resource")),
     };
     Ok(ApiCall { op, target })
@@ -157,10 +160,13 @@ mod tests {
                 "{bad}"
             );
         }
-        assert!(matches!(
-            parse("/virtual-queues/limited-drop/42/nope", Method::GET),
-            Err(ApiError::BadRequest(_))
-        ));
+        for extra in ["nope", "entries/me/x", "entries/me/x/y", "stats/x", "entries/x"] {
+            let p = format!("/virtual-queues/limited-drop/42/{extra}");
+            assert!(
+                matches!(parse(&p, Method::GET), Err(ApiError::BadRequest(_))),
+                "{extra}"
+            );
+        }
         assert!(matches!(
             parse("/virtual-queues", Method::GET),
             Err(ApiError::BadRequest(_))

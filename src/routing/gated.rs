@@ -7,6 +7,7 @@
 //! The id must then be plain digits; leading zeros are folded (`042` is target 42, as the backend
 //! reads it), and the canonical path is what the backend receives. Pure: no I/O.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -88,62 +89,82 @@ impl GateRoute {
 
 /// A request whose path has the shape of a gated route.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GatedPath {
+pub struct GatedPath<'p> {
     /// The route whose shape the path has.
-    pub route: Arc<GateRoute>,
+    pub route: &'p GateRoute,
     /// The target, when the id slot holds plain digits naming a positive 64-bit id.
     pub target: Option<QueueTarget>,
-    /// The path the backend receives: the template with the canonical id.
-    pub canonical: String,
+    /// The path the backend receives: the template with the canonical id (the canonical path
+    /// itself, borrowed, when it is spelled that way already).
+    pub canonical: Cow<'p, str>,
 }
 
 /// Finds the gated route whose shape `path` has, whatever the method.
-pub fn match_route(routes: &[Arc<GateRoute>], path: &CanonicalPath) -> Option<GatedPath> {
+pub fn match_route<'p>(
+    routes: &'p [Arc<GateRoute>],
+    path: &'p CanonicalPath<'_>,
+) -> Option<GatedPath<'p>> {
+    let len = path.len();
     routes.iter().find_map(|r| {
-        if r.segments.len() != path.segments.len() {
+        if r.segments.len() != len {
             return None;
         }
         let mut id_segment = None;
-        for (want, got) in r.segments.iter().zip(&path.segments) {
+        // Whether the path is spelled as the backend receives it: literals in the template's
+        // case, the id without leading zeros.
+        let mut as_sent = true;
+        for (want, got) in r.segments.iter().zip(path.segments()) {
             match want {
                 Some(lit) if !lit.eq_ignore_ascii_case(got) => return None,
-                Some(_) => {}
-                None => id_segment = Some(got.as_str()),
+                Some(lit) => as_sent &= lit == got,
+                None => id_segment = Some(got),
             }
         }
         let id = id_segment.and_then(lenient_id);
-        let mut canonical = String::with_capacity(64);
-        for s in &r.segments {
-            canonical.push('/');
-            match (s, id) {
-                (Some(lit), _) => canonical.push_str(lit),
-                (None, Some(v)) => {
-                    let _ = write!(canonical, "{v}");
-                }
-                (None, None) => canonical.push_str(id_segment.unwrap_or_default()),
-            }
-        }
-        if canonical.is_empty() {
-            canonical.push('/');
-        }
+        as_sent &= id.is_none() || !id_segment.unwrap_or_default().starts_with('0');
+        let canonical = if as_sent {
+            Cow::Borrowed(path.as_str())
+        } else {
+            Cow::Owned(respell(r, id_segment.unwrap_or_default(), id))
+        };
         Some(GatedPath {
-            route: Arc::clone(r),
+            route: r,
             target: id.map(|id| QueueTarget::new(r.target_type, id)),
             canonical,
         })
     })
 }
 
+/// The template with `id` in its slot (the raw segment when it is not an id).
+fn respell(route: &GateRoute, id_segment: &str, id: Option<u64>) -> String {
+    let mut canonical = String::with_capacity(64);
+    for s in &route.segments {
+        canonical.push('/');
+        match (s, id) {
+            (Some(lit), _) => canonical.push_str(lit),
+            (None, Some(v)) => {
+                let _ = write!(canonical, "{v}");
+            }
+            (None, None) => canonical.push_str(id_segment),
+        }
+    }
+    if canonical.is_empty() {
+        canonical.push('/');
+    }
+    canonical
+}
+
 /// Whether `path` is a gated route's shape with a suffix glued to one of its literal segments
 /// (`orders.json`, `orders.`, `orders%20`, `select;x` is already refused by the canonicaliser):
 /// backends with suffix-pattern matching or segment trimming route these to the gated handler.
 pub fn lookalike(routes: &[Arc<GateRoute>], path: &CanonicalPath) -> bool {
+    let len = path.len();
     routes.iter().any(|r| {
-        if r.segments.len() != path.segments.len() {
+        if r.segments.len() != len {
             return false;
         }
         let mut suffixed = false;
-        for (want, got) in r.segments.iter().zip(&path.segments) {
+        for (want, got) in r.segments.iter().zip(path.segments()) {
             let Some(lit) = want else { continue };
             if lit.eq_ignore_ascii_case(got) {
                 continue;
@@ -239,8 +260,14 @@ mod tests {
         assert_eq!(Config::from_toml("").unwrap().gate.routes, routes());
     }
 
-    fn m(p: &str) -> Option<GatedPath> {
-        match_route(&routes(), &canonicalize(p.as_bytes()).unwrap())
+    /// The route's template, the target and the path the backend receives, if `p` is gated.
+    fn m(p: &str) -> Option<(String, Option<QueueTarget>, String)> {
+        let routes = routes();
+        let c = canonicalize(p.as_bytes()).unwrap();
+        let g = match_route(&routes, &c)?;
+        let respelled = matches!(g.canonical, Cow::Owned(_));
+        assert_eq!(respelled, c.as_str() != g.canonical, "{p}");
+        Some((g.route.template.clone(), g.target, g.canonical.into_owned()))
     }
 
     #[test]
@@ -255,15 +282,17 @@ mod tests {
             "/limited-drops/042/orders",
             "/limited%2Ddrops/42/%6frders",
         ] {
-            let g = m(p).unwrap_or_else(|| panic!("{p} not gated"));
-            assert_eq!(g.target, drop42, "{p}");
-            assert_eq!(g.canonical, "/limited-drops/42/orders", "{p}");
+            let (_, target, canonical) = m(p).unwrap_or_else(|| panic!("{p} not gated"));
+            assert_eq!(target, drop42, "{p}");
+            assert_eq!(canonical, "/limited-drops/42/orders", "{p}");
         }
-        let g = m("/events/7/seats/select").unwrap();
-        assert_eq!(
-            g.target,
-            Some(QueueTarget::new(TargetType::TicketingEvent, 7))
-        );
+        let (template, target, _) = m("/events/7/seats/select").unwrap();
+        assert_eq!(template, "/events/{id}/seats/select");
+        assert_eq!(target, Some(QueueTarget::new(TargetType::TicketingEvent, 7)));
+        let (_, _, canonical) = m("/limited-drops/abc/orders").unwrap();
+        assert_eq!(canonical, "/limited-drops/abc/orders");
+        let (_, _, canonical) = m("/Limited-Drops/0abc/orders").unwrap();
+        assert_eq!(canonical, "/limited-drops/0abc/orders");
     }
 
     #[test]
@@ -274,8 +303,8 @@ mod tests {
             "/limited-drops/0/orders",
             "/limited-drops/4%202/orders",
         ] {
-            let g = m(p).unwrap_or_else(|| panic!("{p} not gated"));
-            assert_eq!(g.target, None, "{p}");
+            let (_, target, _) = m(p).unwrap_or_else(|| panic!("{p} not gated"));
+            assert_eq!(target, None, "{p}");
         }
     }
 

@@ -9,22 +9,56 @@
 //! trailing slashes) are folded into one form. Route matching is done
 //! elsewhere on the result; this module does no I/O.
 
+use std::borrow::Cow;
+
 /// Longer paths are rejected before scanning; no legitimate route is close.
 pub const MAX_PATH_LEN: usize = 8192;
 
+/// A canonical path: `/` and its segments joined by `/` (`/` when there are none). Segments are
+/// non-empty; escapes of unreserved characters are decoded, any other escape stays as `%XX` with
+/// upper-case hex, and case is preserved. A request path that is already canonical (the common
+/// case) is borrowed, not copied.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CanonicalPath {
-    /// Non-empty segments. Escapes of unreserved characters are decoded;
-    /// any other escape stays as `%XX` with upper-case hex. Case is preserved.
-    pub segments: Vec<String>,
+pub struct CanonicalPath<'a> {
+    path: Cow<'a, str>,
 }
 
-impl CanonicalPath {
-    /// "/" + segments joined by "/" ("/" when there are none)
+impl<'a> CanonicalPath<'a> {
+    /// The path: "/" + segments joined by "/" ("/" when there are none).
+    pub fn as_str(&self) -> &str {
+        &self.path
+    }
+
+    /// The segments in order (none for "/"). None is empty, and none contains '/'.
+    pub fn segments(&self) -> impl Iterator<Item = &str> + Clone {
+        // "/" is the only canonical path with an empty piece after its first '/'.
+        self.path[1..].split('/').filter(|s| !s.is_empty())
+    }
+
+    /// The number of segments.
+    pub fn len(&self) -> usize {
+        if self.path.len() == 1 {
+            0
+        } else {
+            self.path.bytes().filter(|&b| b == b'/').count()
+        }
+    }
+
+    /// Whether the path is "/" (no segments).
+    pub fn is_empty(&self) -> bool {
+        self.path.len() == 1
+    }
+
+    /// The path as an owned string.
     pub fn to_path(&self) -> String {
-        let mut out = String::from("/");
-        out.push_str(&self.segments.join("/"));
-        out
+        self.path.clone().into_owned()
+    }
+
+    /// The same path, owning its text.
+    pub fn into_owned(self) -> CanonicalPath<'static> {
+        CanonicalPath {
+            path: Cow::Owned(self.path.into_owned()),
+        }
     }
 }
 
@@ -70,32 +104,75 @@ impl PathError {
     }
 }
 
-/// `raw` is the path part of the request target only (no query string, no scheme/authority), as raw bytes.
-pub fn canonicalize(raw: &[u8]) -> Result<CanonicalPath, PathError> {
+/// `raw` is the path part of the request target only (no query string, no scheme/authority), as
+/// raw bytes.
+pub fn canonicalize(raw: &[u8]) -> Result<CanonicalPath<'_>, PathError> {
+    match already_canonical(raw) {
+        Some(path) => Ok(CanonicalPath {
+            path: Cow::Borrowed(path),
+        }),
+        None => full_pass(raw),
+    }
+}
+
+/// Canonicalises any path into a new string, or names the first fault in it.
+fn full_pass(raw: &[u8]) -> Result<CanonicalPath<'static>, PathError> {
     if raw.len() > MAX_PATH_LEN {
         return Err(PathError::TooLong);
     }
     if raw.first() != Some(&b'/') {
         return Err(PathError::NotAbsolute);
     }
-    let mut segments = Vec::new();
+    let mut path = String::with_capacity(raw.len());
     for raw_segment in raw.split(|&b| b == b'/') {
-        let segment = canonical_segment(raw_segment)?;
+        let start = path.len();
+        path.push('/');
+        canonical_segment(raw_segment, &mut path)?;
+        let segment = &path[start + 1..];
         if segment.is_empty() {
             // Folds "//" and the trailing "/": servers disagree on them, and
             // no gated route depends on them.
+            path.truncate(start);
             continue;
         }
         if segment == "." || segment == ".." {
             return Err(PathError::DotSegment);
         }
-        segments.push(segment);
     }
-    Ok(CanonicalPath { segments })
+    if path.is_empty() {
+        path.push('/');
+    }
+    Ok(CanonicalPath {
+        path: Cow::Owned(path),
+    })
 }
 
-fn canonical_segment(raw: &[u8]) -> Result<String, PathError> {
-    let mut out = String::with_capacity(raw.len());
+/// `raw` itself when it is canonical already: within the length limit, absolute, without escapes,
+/// empty segments (but the root), dot segments or refused bytes. Anything else, refused or not,
+/// is left to the full pass, so the answer and the error are always the full pass's.
+fn already_canonical(raw: &[u8]) -> Option<&str> {
+    if raw.len() > MAX_PATH_LEN || raw.first() != Some(&b'/') {
+        return None;
+    }
+    if raw.len() == 1 {
+        return std::str::from_utf8(raw).ok();
+    }
+    for segment in raw[1..].split(|&b| b == b'/') {
+        if segment.is_empty() || segment == b"." || segment == b".." {
+            return None;
+        }
+        if segment
+            .iter()
+            .any(|&b| b == b'%' || check_byte(b, false).is_err())
+        {
+            return None;
+        }
+    }
+    std::str::from_utf8(raw).ok()
+}
+
+/// Appends the canonical spelling of one raw segment to `out`.
+fn canonical_segment(raw: &[u8], out: &mut String) -> Result<(), PathError> {
     let mut i = 0;
     while let Some(&b) = raw.get(i) {
         if b == b'%' {
@@ -118,7 +195,7 @@ fn canonical_segment(raw: &[u8]) -> Result<String, PathError> {
             i += 1;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Rejections shared by raw and decoded bytes; `decoded` adds those that are
@@ -166,7 +243,10 @@ mod tests {
     use proptest::prelude::*;
 
     fn segs(raw: &[u8]) -> Vec<String> {
-        canonicalize(raw).unwrap().segments
+        let c = canonicalize(raw).unwrap();
+        assert_eq!(c.len(), c.segments().count());
+        assert_eq!(c.is_empty(), c.segments().next().is_none());
+        c.segments().map(String::from).collect()
     }
 
     #[test]
@@ -207,6 +287,18 @@ mod tests {
         ];
         for (raw, expected) in table {
             assert_eq!(segs(raw), *expected, "{:?}", String::from_utf8_lossy(raw));
+        }
+    }
+
+    #[test]
+    fn canonical_request_paths_are_borrowed() {
+        for raw in [&b"/"[..], b"/limited-drops/42/orders", b"/a.b/~c/..d"] {
+            let c = canonicalize(raw).unwrap();
+            assert!(matches!(c.path, Cow::Borrowed(_)), "{c:?}");
+            assert_eq!(c, full_pass(raw).unwrap());
+        }
+        for raw in [&b"//"[..], b"/a/", b"/a//b", b"/%61"] {
+            assert!(matches!(canonicalize(raw).unwrap().path, Cow::Owned(_)));
         }
     }
 
@@ -318,7 +410,7 @@ mod tests {
     }
 
     fn assert_clean(c: &CanonicalPath) {
-        for s in &c.segments {
+        for s in c.segments() {
             assert!(!s.is_empty());
             assert!(s != "." && s != "..", "{s:?}");
             let b = s.as_bytes();
@@ -421,11 +513,25 @@ mod tests {
         }
 
         #[test]
+        fn the_shortcut_agrees_with_the_full_pass(raw in pathish()) {
+            prop_assert_eq!(canonicalize(&raw), full_pass(&raw));
+        }
+
+        #[test]
+        fn the_shortcut_agrees_with_the_full_pass_on_any_bytes(
+            raw in proptest::collection::vec(any::<u8>(), 0..40),
+        ) {
+            let mut p = b"/".to_vec();
+            p.extend(raw);
+            prop_assert_eq!(canonicalize(&p), full_pass(&p));
+        }
+
+        #[test]
         fn accepted_output_is_clean_and_idempotent(raw in pathish()) {
             if let Ok(c) = canonicalize(&raw) {
                 assert_clean(&c);
-                let again = canonicalize(c.to_path().as_bytes());
-                prop_assert_eq!(again, Ok(c.clone()));
+                let text = c.to_path();
+                prop_assert_eq!(canonicalize(text.as_bytes()), Ok(c.clone()));
             }
         }
 
