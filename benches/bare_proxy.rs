@@ -1,8 +1,12 @@
 //! The framework's ceiling, for `benches/run.sh`: a bare Pingora HTTP proxy with the gateway's
-//! server settings (worker threads, one single-threaded runtime per thread), allocator and upstream
-//! peer options, and nothing else: no routing, no gate, no logging, no metrics.
+//! server settings (worker threads, one single-threaded runtime per thread), allocator, upstream
+//! peer options and, when asked, keep-alive idle bound, and nothing else: no routing, no gate, no
+//! logging, no metrics.
 //!
-//! `cargo bench --bench bare_proxy -- LISTEN UPSTREAM [THREADS]` (runs until killed).
+//! `cargo bench --bench bare_proxy -- LISTEN UPSTREAM [THREADS] [KEEPALIVE_IDLE_S]` (runs until
+//! killed). `KEEPALIVE_IDLE_S` > 0 bounds how long a keep-alive connection may wait for its next
+//! request, as the gateway's `server.keepalive_idle_s` does (Pingora then arms a timer for every
+//! wait); 0, the default, keeps Pingora's default for HTTP/1.1: no bound.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -18,6 +22,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 struct Bare {
     upstream: SocketAddr,
+    keepalive_idle_s: u64,
 }
 
 #[async_trait]
@@ -25,6 +30,14 @@ impl ProxyHttp for Bare {
     type CTX = ();
 
     fn new_ctx(&self) {}
+
+    async fn early_request_filter(&self, session: &mut Session, _ctx: &mut ()) -> Result<()> {
+        // As the gateway does: bound the idle wait of a connection Pingora keeps alive.
+        if self.keepalive_idle_s > 0 && session.get_keepalive().is_some() {
+            session.set_keepalive(Some(self.keepalive_idle_s));
+        }
+        Ok(())
+    }
 
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
         // The gateway's defaults (upstream.connect_timeout_ms, read/write timeouts).
@@ -44,7 +57,7 @@ fn main() {
         .filter(|a| !a.starts_with("--"))
         .collect();
     let (Some(listen), Some(upstream)) = (args.first(), args.get(1)) else {
-        eprintln!("usage: bare_proxy LISTEN UPSTREAM [THREADS]");
+        eprintln!("usage: bare_proxy LISTEN UPSTREAM [THREADS] [KEEPALIVE_IDLE_S]");
         std::process::exit(64);
     };
     let Ok(upstream) = upstream.parse::<SocketAddr>() else {
@@ -59,6 +72,14 @@ fn main() {
             std::process::exit(64);
         }
     };
+    let keepalive_idle_s = match args.get(3).map(|t| t.parse::<u64>()) {
+        None => 0,
+        Some(Ok(s)) => s,
+        Some(Err(_)) => {
+            eprintln!("bare_proxy: KEEPALIVE_IDLE_S must be a number of seconds");
+            std::process::exit(64);
+        }
+    };
     let mut conf = ServerConf {
         threads,
         work_stealing: false,
@@ -68,7 +89,13 @@ fn main() {
     };
     conf.max_retries = 1;
     let mut server = Server::new_with_opt_and_conf(None, conf);
-    let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, Bare { upstream });
+    let mut proxy = pingora::proxy::http_proxy_service(
+        &server.configuration,
+        Bare {
+            upstream,
+            keepalive_idle_s,
+        },
+    );
     proxy.add_tcp(listen);
     server.add_service(proxy);
     server.bootstrap();

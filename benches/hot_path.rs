@@ -39,12 +39,18 @@ fn routing(c: &mut Criterion) {
         .collect();
     // The gateway cuts the query off before canonicalising, so these paths have none.
     for (name, path) in [
-        ("canonicalise + match a gated path", &b"/limited-drops/42/orders"[..]),
+        (
+            "canonicalise + match a gated path",
+            &b"/limited-drops/42/orders"[..],
+        ),
         (
             "canonicalise + match a respelled gated path",
             b"/Limited-Drops/%34%32/orders/",
         ),
-        ("canonicalise + match a passthrough path", b"/products/1234/reviews"),
+        (
+            "canonicalise + match a passthrough path",
+            b"/products/1234/reviews",
+        ),
     ] {
         c.bench_function(name, |b| {
             b.iter(|| {

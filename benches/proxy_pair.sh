@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The gateway against the framework's ceiling, run by run: a bare Pingora proxy
 # (benches/bare_proxy.rs) and the gateway, 1 proxy thread each, the same nginx upstream, measured
-# alternately (bare, gateway) for passthrough GET and for the gated POST with a valid entry token,
-# N rounds; prints each round's ratio and the median, and each proxy's CPU time per request (from
-# /proc, user + system). Pairing each gateway run with the bare run just before it keeps the box's
+# alternately for passthrough GET and for the gated POST with a valid entry token, N rounds;
+# prints each round's ratio and the median, and each proxy's CPU time per request (from /proc,
+# user + system). The bare proxy runs twice: with the gateway's keep-alive idle bound (60 s, the
+# gateway's default; Pingora arms a timer for every wait between requests), the reference, and
+# with Pingora's default for HTTP/1.1 (no bound), for context. Pairing each gateway run with the bare run just before it keeps the box's
 # drift out of the ratio better than one median of each; CPU per request moves less than req/s
 # with the load of the other processes on the same cores.
 # With PIN=1 each proxy runs on CPU 0 alone and wrk, nginx and Redis on CPU 1, so the proxy's own
@@ -22,21 +24,25 @@ need_tools wrk:wrk nginx:nginx-light redis-server:redis-server cmake:cmake pytho
 cargo build --release -q
 BARE_BIN=$(bare_proxy_bin)
 
-UP=$(port); BARE=$(port); RP=$(port)
+UP=$(port); BARE=$(port); BARE0=$(port); RP=$(port)
 nginx_upstream "$UP"
 redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & PIDS+=($!)
-"$BARE_BIN" "127.0.0.1:$BARE" "127.0.0.1:$UP" 1 2>"$WORK/bare.log" & PIDS+=($!)
+"$BARE_BIN" "127.0.0.1:$BARE" "127.0.0.1:$UP" 1 60 2>"$WORK/bare.log" & PIDS+=($!)
 PID_bare=$!
+"$BARE_BIN" "127.0.0.1:$BARE0" "127.0.0.1:$UP" 1 0 2>"$WORK/bare0.log" & PIDS+=($!)
+PID_bare0=$!
 export VQ_TOKEN_SECRET="bench-secret-0123456789abcdefghijklmnop"
 GW_EXTRA=$'[token]\nsingle_use = false' start_gw gw redis "redis://127.0.0.1:$RP"
 TOKEN=$(entry_token)
 export TOKEN
-for _ in $(seq 30); do curl -sf "127.0.0.1:$BARE/" >/dev/null 2>&1 && break; sleep 0.1; done
+for p in "$BARE" "$BARE0"; do
+  for _ in $(seq 30); do curl -sf "127.0.0.1:$p/" >/dev/null 2>&1 && break; sleep 0.1; done
+done
 if [ "${PIN:-0}" = 1 ]; then
   need_tools taskset:util-linux
-  for pid in "$PID_bare" "$PID_gw"; do taskset -a -p -c 0 "$pid" >/dev/null; done
+  for pid in "$PID_bare" "$PID_bare0" "$PID_gw"; do taskset -a -p -c 0 "$pid" >/dev/null; done
   for pid in "${PIDS[@]}"; do
-    [ "$pid" = "$PID_bare" ] || [ "$pid" = "$PID_gw" ] && continue
+    [ "$pid" = "$PID_bare" ] || [ "$pid" = "$PID_bare0" ] || [ "$pid" = "$PID_gw" ] && continue
     for p in "$pid" $(pgrep -P "$pid"); do taskset -a -p -c 1 "$p" >/dev/null; done
   done
   export WRK_CPUS=1
@@ -47,32 +53,37 @@ run() {
   local pid=$1 before line; shift
   before=$(cpu_ms "$pid")
   line=$(wrk_line "$@")
-  [ "$pid" = "$PID_bare" ] || [ "$(echo "$line" | cut -d' ' -f4)" = 0 ] ||
+  [ "$pid" != "$PID_gw" ] || [ "$(echo "$line" | cut -d' ' -f4)" = 0 ] ||
     { echo "non-2xx answers from the gateway: $line" >&2; exit 1; }
   echo "$line" | awk -v ms=$(( $(cpu_ms "$pid") - before )) '{ printf "%s %.1f", $1, ms * 1000 / $5 }'
 }
 
-echo "| round | passthrough: bare req/s | gateway req/s | ratio | gated POST: bare req/s | gateway req/s | ratio | CPU µs/request, passthrough: bare / gateway | gated: bare / gateway |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| round | passthrough: bare req/s | gateway req/s | ratio | gated POST: bare req/s | gateway req/s | ratio | CPU µs/request, passthrough: bare / gateway | gated: bare / gateway | ratios to the bare proxy without an idle bound: passthrough / gated |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for i in $(seq "$N"); do
+  b0=$(run "$PID_bare0" "http://127.0.0.1:$BARE0/static/x")
   b=$(run "$PID_bare" "http://127.0.0.1:$BARE/static/x")
   g=$(run "$PID_gw" "http://127.0.0.1:$GW_gw/static/x")
+  bg0=$(run "$PID_bare0" "http://127.0.0.1:$BARE0/limited-drops/42/orders" -s benches/wrk/gated.lua)
   bg=$(run "$PID_bare" "http://127.0.0.1:$BARE/limited-drops/42/orders" -s benches/wrk/gated.lua)
   gg=$(run "$PID_gw" "http://127.0.0.1:$GW_gw/limited-drops/42/orders" -s benches/wrk/gated.lua)
   python3 -c "
-(b, cb), (g, cg), (bg, cbg), (gg, cgg) = (map(float, x.split()) for x in ('$b', '$g', '$bg', '$gg'))
-print(f'| $i | {b:.0f} | {g:.0f} | {g / b:.2f} | {bg:.0f} | {gg:.0f} | {gg / bg:.2f} | {cb:.1f} / {cg:.1f} | {cbg:.1f} / {cgg:.1f} |')"
+(b0, _), (b, cb), (g, cg), (bg0, _), (bg, cbg), (gg, cgg) = (map(float, x.split()) for x in ('$b0', '$b', '$g', '$bg0', '$bg', '$gg'))
+print(f'| $i | {b:.0f} | {g:.0f} | {g / b:.2f} | {bg:.0f} | {gg:.0f} | {gg / bg:.2f} | {cb:.1f} / {cg:.1f} | {cbg:.1f} / {cgg:.1f} | {g / b0:.2f} / {gg / bg0:.2f} |')"
 done | tee "$WORK/rounds"
 python3 - "$WORK/rounds" <<'PY'
 import statistics, sys
 rows = [l.split("|") for l in open(sys.argv[1])]
 p = [float(r[4]) for r in rows]
 g = [float(r[7]) for r in rows]
+p0 = [float(r[10].split("/")[0]) for r in rows]
+g0 = [float(r[10].split("/")[1]) for r in rows]
 med = statistics.median
 cpu = lambda col, side: med(float(r[col].split("/")[side]) for r in rows)
 print(f"\nMedian of {len(rows)} paired rounds: passthrough {med(p):.2f}, "
-      f"gated {med(g):.2f} of the bare Pingora proxy "
-      f"(ranges {min(p):.2f}-{max(p):.2f} and {min(g):.2f}-{max(g):.2f}).")
+      f"gated {med(g):.2f} of the bare Pingora proxy with the same keep-alive idle bound "
+      f"(ranges {min(p):.2f}-{max(p):.2f} and {min(g):.2f}-{max(g):.2f}); "
+      f"{med(p0):.2f} and {med(g0):.2f} of the bare proxy without one.")
 print(f"CPU µs per request, bare / gateway: passthrough {cpu(8, 0):.1f} / {cpu(8, 1):.1f}, "
       f"gated {cpu(9, 0):.1f} / {cpu(9, 1):.1f}.")
 PY

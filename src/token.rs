@@ -165,9 +165,11 @@ pub fn verify(
 }
 
 fn parse_payload(payload: &[u8]) -> Option<TokenClaims> {
-    let text = std::str::from_utf8(payload).ok()?;
-    let mut fields = text.split('|');
-    let (Some(kind), Some(target), Some(user), Some(exp), None) = (
+    // Split as bytes (fields are short; no search call per field), each field then UTF-8.
+    let mut fields = payload
+        .split(|&b| b == b'|')
+        .map(|f| std::str::from_utf8(f).ok());
+    let (Some(Some(kind)), Some(Some(target)), Some(Some(user)), Some(Some(exp)), None) = (
         fields.next(),
         fields.next(),
         fields.next(),

@@ -194,10 +194,7 @@ pub(super) fn gate(g: &GateSection, u: &UpgradeSection) -> Result<GateConfig, Co
         if canonical.is_empty() {
             return Err(invalid(&key, "must name at least one path segment"));
         }
-        let segments: Vec<String> = canonical
-            .segments()
-            .map(str::to_ascii_lowercase)
-            .collect();
+        let segments: Vec<String> = canonical.segments().map(str::to_ascii_lowercase).collect();
         if segments[0] == crate::routing::API_PREFIX {
             return Err(invalid(&key, "the queue API never upgrades"));
         }

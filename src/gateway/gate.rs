@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, Method};
+use http::{HeaderName, Method};
 
 use super::hygiene::HeaderFacts;
 use super::AppState;
@@ -78,7 +78,7 @@ pub struct Passed {
 pub async fn check(
     state: &AppState,
     gated: &GatedPath<'_>,
-    headers: &HeaderMap,
+    facts: &HeaderFacts<'_>,
     identity: Result<u64, IdentityError>,
     now: Now,
 ) -> Result<Passed, Denied> {
@@ -89,7 +89,7 @@ pub async fn check(
         error,
         reason: "bad_user_id",
     })?;
-    let token = crate::headers::single(headers, TOKEN_HEADER).map_err(|_| {
+    let token = facts.entry_token().map_err(|_| {
         bad(
             "duplicate_token",
             "exactly one X-Entry-Token header is allowed",
@@ -215,8 +215,7 @@ pub async fn decide(
     state: &AppState,
     g: &GatedPath<'_>,
     method: &Method,
-    headers: &HeaderMap,
-    facts: HeaderFacts,
+    facts: &HeaderFacts<'_>,
     identity: Result<u64, IdentityError>,
     now: Now,
 ) -> GateDecision {
@@ -237,7 +236,7 @@ pub async fn decide(
     } else if !gated {
         return GateDecision::NotGated;
     } else {
-        match check(state, g, headers, identity, now).await {
+        match check(state, g, facts, identity, now).await {
             Ok(passed) => {
                 if passed.checked {
                     state.count_token(passed.target, "consumed");

@@ -12,9 +12,10 @@
 //!
 //! Pure: no I/O.
 
-use http::{header, HeaderMap, HeaderName, Method};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 
 use super::gate::METHOD_OVERRIDE_HEADERS;
+use crate::headers::BadHeader;
 use crate::routing::path::CanonicalPath;
 
 /// Headers the gate or the backend relies on; naming one in `Connection` is refused.
@@ -40,7 +41,8 @@ pub struct Refusal {
 }
 
 /// Headers the backend never receives: the entry token (a credential for the gate, not for the
-/// backend) and an h2c upgrade's settings (the backend must not switch to HTTP/2 past the gate).
+/// backend; first, `HeaderFacts` reads it) and an h2c upgrade's settings (the backend must not
+/// switch to HTTP/2 past the gate).
 pub const NEVER_FORWARDED: [HeaderName; 2] = [
     super::gate::TOKEN_HEADER,
     HeaderName::from_static("http2-settings"),
@@ -48,13 +50,28 @@ pub const NEVER_FORWARDED: [HeaderName; 2] = [
 
 /// What one pass over a request's header fields found, for the checks that follow it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HeaderFacts {
+pub struct HeaderFacts<'h> {
     /// `Upgrade` is present or `Connection` names `upgrade`: the request asks to switch protocols.
     pub upgrade: bool,
     /// A method-override header is present (`gate::METHOD_OVERRIDE_HEADERS`).
     pub method_override: bool,
-    /// A header in `NEVER_FORWARDED` is present.
-    pub never_forwarded: bool,
+    /// Which of `NEVER_FORWARDED` are present.
+    pub never_forwarded: [bool; 2],
+    /// How many `X-Entry-Token` fields there are, and the first one's value.
+    entry_tokens: usize,
+    entry_token: Option<&'h HeaderValue>,
+}
+
+impl<'h> HeaderFacts<'h> {
+    /// The entry token, read as `headers::single` reads a header: absent, one visible-ASCII
+    /// value, or refused.
+    pub fn entry_token(&self) -> Result<Option<&'h str>, BadHeader> {
+        match (self.entry_tokens, self.entry_token) {
+            (0, _) | (_, None) => Ok(None),
+            (1, Some(v)) => v.to_str().map(Some).map_err(|_| BadHeader::NotAscii),
+            _ => Err(BadHeader::Repeated),
+        }
+    }
 }
 
 /// Why `scan` refused a request.
@@ -74,7 +91,7 @@ pub fn scan(
     req: &pingora::http::RequestHeader,
     max_bytes: usize,
     max_headers: usize,
-) -> Result<HeaderFacts, ScanError> {
+) -> Result<HeaderFacts<'_>, ScanError> {
     let line = req.method.as_str().len() + req.raw_path().len() + 12;
     scan_fields(&req.headers, line, max_bytes, max_headers)
 }
@@ -85,7 +102,7 @@ fn scan_fields(
     line_bytes: usize,
     max_bytes: usize,
     max_headers: usize,
-) -> Result<HeaderFacts, ScanError> {
+) -> Result<HeaderFacts<'_>, ScanError> {
     if headers.len() > max_headers {
         return Err(ScanError::TooLarge);
     }
@@ -118,8 +135,12 @@ fn scan_fields(
             facts.upgrade = true;
         } else if METHOD_OVERRIDE_HEADERS.contains(name) {
             facts.method_override = true;
-        } else if NEVER_FORWARDED.contains(name) {
-            facts.never_forwarded = true;
+        } else if let Some(i) = NEVER_FORWARDED.iter().position(|n| n == name) {
+            facts.never_forwarded[i] = true;
+            if i == 0 {
+                facts.entry_tokens += 1;
+                facts.entry_token = facts.entry_token.or(Some(value));
+            }
         }
     }
     if bytes > max_bytes {
@@ -208,11 +229,16 @@ mod tests {
     use crate::routing::path::canonicalize;
     use crate::test_util::headers as h;
 
-    fn check(m: &HeaderMap) -> Result<HeaderFacts, Refusal> {
+    fn check(m: &HeaderMap) -> Result<HeaderFacts<'_>, Refusal> {
         scan_fields(m, 20, usize::MAX, usize::MAX).map_err(|e| match e {
             ScanError::Refused(r) => r,
             ScanError::TooLarge => panic!("no limit was set"),
         })
+    }
+
+    /// The reason `m` is refused, if it is.
+    fn refusal(m: HeaderMap) -> Option<&'static str> {
+        check(&m).err().map(|r| r.reason)
     }
 
     #[test]
@@ -226,8 +252,8 @@ mod tests {
             "authorization",
             "close,\tCookie ",
         ] {
-            let r = check(&h(&[("connection", bad)]));
-            assert_eq!(r.unwrap_err().reason, "connection_header", "{bad}");
+            let r = refusal(h(&[("connection", bad)]));
+            assert_eq!(r, Some("connection_header"), "{bad}");
         }
         let two = h(&[("connection", "close"), ("connection", "Cookie")]);
         assert!(check(&two).is_err());
@@ -236,7 +262,7 @@ mod tests {
             header::CONNECTION,
             http::HeaderValue::from_bytes(b"close, \xff").unwrap(),
         );
-        assert_eq!(check(&binary).unwrap_err().reason, "connection_header");
+        assert_eq!(refusal(binary), Some("connection_header"));
     }
 
     #[test]
@@ -255,8 +281,8 @@ mod tests {
             "",
             "1e3",
         ] {
-            let m = h(&[("content-length", bad)]);
-            assert_eq!(check(&m).unwrap_err().reason, "content_length", "{bad:?}");
+            let r = refusal(h(&[("content-length", bad)]));
+            assert_eq!(r, Some("content_length"), "{bad:?}");
         }
         let dup = h(&[("content-length", "84"), ("content-length", "84")]);
         assert!(check(&dup).is_err());
@@ -282,15 +308,49 @@ mod tests {
     #[test]
     fn facts_for_the_later_checks() {
         assert_eq!(check(&h(&[("accept", "*/*")])), Ok(HeaderFacts::default()));
-        let f = check(&h(&[("upgrade", "websocket")])).unwrap();
-        assert!(f.upgrade && !f.method_override && !f.never_forwarded);
-        assert!(check(&h(&[("connection", "keep-alive, Upgrade")])).unwrap().upgrade);
+        let m = h(&[("upgrade", "websocket")]);
+        let f = check(&m).unwrap();
+        assert!(f.upgrade && !f.method_override && f.never_forwarded == [false; 2]);
+        assert!(
+            check(&h(&[("connection", "keep-alive, Upgrade")]))
+                .unwrap()
+                .upgrade
+        );
         assert!(!check(&h(&[("connection", "upgrades")])).unwrap().upgrade);
-        for o in ["X-HTTP-Method-Override", "x-method-override", "X-HTTP-Method"] {
+        for o in [
+            "X-HTTP-Method-Override",
+            "x-method-override",
+            "X-HTTP-Method",
+        ] {
             assert!(check(&h(&[(o, "GET")])).unwrap().method_override, "{o}");
         }
-        for n in ["X-Entry-Token", "HTTP2-Settings"] {
-            assert!(check(&h(&[(n, "x")])).unwrap().never_forwarded, "{n}");
+        let m = h(&[("X-Entry-Token", "x")]);
+        assert_eq!(check(&m).unwrap().never_forwarded, [true, false]);
+        let m = h(&[("HTTP2-Settings", "x")]);
+        assert_eq!(check(&m).unwrap().never_forwarded, [false, true]);
+    }
+
+    #[test]
+    fn the_entry_token_is_read_as_a_single_header() {
+        let mut binary = HeaderMap::new();
+        binary.insert("x-entry-token", HeaderValue::from_bytes(b"a\xffb").unwrap());
+        let maps = [
+            h(&[]),
+            h(&[("accept", "*/*")]),
+            h(&[("x-entry-token", "abc.def")]),
+            h(&[("X-Entry-Token", "abc.def"), ("accept", "*/*")]),
+            h(&[("x-entry-token", "a"), ("x-entry-token", "a")]),
+            h(&[
+                ("x-entry-token", "a"),
+                ("accept", "*/*"),
+                ("x-entry-token", "b"),
+            ]),
+            binary,
+        ];
+        for m in &maps {
+            let facts = check(m).unwrap();
+            let single = crate::headers::single(m, super::super::gate::TOKEN_HEADER);
+            assert_eq!(facts.entry_token(), single, "{m:?}");
         }
     }
 

@@ -54,9 +54,9 @@ pub struct RequestCtx {
     sent_upstream: bool,
     /// Whether this request may switch protocols (a configured websocket path).
     upgrade: bool,
-    /// Whether the request carries a header the backend never receives
+    /// Which headers the backend never receives the request carries
     /// (`hygiene::NEVER_FORWARDED`).
-    never_forwarded: bool,
+    never_forwarded: [bool; 2],
     /// With `identity.mode = "jwt"`: the verified user, the only `X-User-Id` the backend sees.
     verified_user: Option<u64>,
 }
@@ -94,13 +94,12 @@ impl Gateway {
         session: &Session,
         ctx: &mut RequestCtx,
         g: &gated::GatedPath<'_>,
-        facts: hygiene::HeaderFacts,
+        facts: &hygiene::HeaderFacts<'_>,
         identity: Result<u64, IdentityError>,
     ) -> Option<Reply> {
-        let req = session.req_header();
+        let method = &session.req_header().method;
         let now = crate::clock::now();
-        let decision =
-            gate::decide(&self.state, g, &req.method, &req.headers, facts, identity, now).await;
+        let decision = gate::decide(&self.state, g, method, facts, identity, now).await;
         match decision {
             gate::GateDecision::NotGated => None,
             gate::GateDecision::Pass { claim } => {
@@ -199,7 +198,7 @@ impl ProxyHttp for Gateway {
             claim: None,
             sent_upstream: false,
             upgrade: false,
-            never_forwarded: false,
+            never_forwarded: [false; 2],
             verified_user: None,
         }
     }
@@ -320,7 +319,7 @@ impl ProxyHttp for Gateway {
             ctx.verified_user = identity.ok();
         }
         if let Some(g) = gated {
-            if let Some(reply) = self.gate(session, ctx, &g, facts, identity).await {
+            if let Some(reply) = self.gate(session, ctx, &g, &facts, identity).await {
                 return answer_locally(session, &reply).await;
             }
             // The backend receives the canonical path; a request target that is exactly that
@@ -340,8 +339,8 @@ impl ProxyHttp for Gateway {
         upstream: &mut pingora::http::RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if ctx.never_forwarded {
-            for name in &hygiene::NEVER_FORWARDED {
+        for (name, present) in hygiene::NEVER_FORWARDED.iter().zip(ctx.never_forwarded) {
+            if present {
                 upstream.remove_header(name);
             }
         }

@@ -70,10 +70,13 @@ pub struct ApiCall {
     pub target: QueueTarget,
 }
 
+/// Whether the first segment is the API prefix, in any case.
 pub fn is_api_path(path: &CanonicalPath) -> bool {
-    path.segments()
-        .next()
-        .is_some_and(|s| s.eq_ignore_ascii_case(API_PREFIX))
+    let p = path.as_str().as_bytes();
+    let n = API_PREFIX.len();
+    p.get(1..=n)
+        .is_some_and(|first| first.eq_ignore_ascii_case(API_PREFIX.as_bytes()))
+        && matches!(p.get(n + 1), None | Some(b'/'))
 }
 
 /// Parses `/virtual-queues/{type}/{targetId}/...` (SPEC §3). Checks in the order a client can act
@@ -160,7 +163,13 @@ mod tests {
                 "{bad}"
             );
         }
-        for extra in ["nope", "entries/me/x", "entries/me/x/y", "stats/x", "entries/x"] {
+        for extra in [
+            "nope",
+            "entries/me/x",
+            "entries/me/x/y",
+            "stats/x",
+            "entries/x",
+        ] {
             let p = format!("/virtual-queues/limited-drop/42/{extra}");
             assert!(
                 matches!(parse(&p, Method::GET), Err(ApiError::BadRequest(_))),
@@ -185,7 +194,13 @@ mod tests {
     fn prefix_is_matched_without_case() {
         let c = canonicalize(b"/Virtual-Queues/limited-drop/1/stats").unwrap();
         assert!(is_api_path(&c));
-        let c = canonicalize(b"/virtual-queuesx/limited-drop/1/stats").unwrap();
-        assert!(!is_api_path(&c));
+        for other in [
+            &b"/virtual-queuesx/limited-drop/1/stats"[..],
+            b"/virtual-queue",
+            b"/",
+        ] {
+            assert!(!is_api_path(&canonicalize(other).unwrap()));
+        }
+        assert!(is_api_path(&canonicalize(b"/VIRTUAL-QUEUES").unwrap()));
     }
 }

@@ -288,7 +288,10 @@ mod tests {
         }
         let (template, target, _) = m("/events/7/seats/select").unwrap();
         assert_eq!(template, "/events/{id}/seats/select");
-        assert_eq!(target, Some(QueueTarget::new(TargetType::TicketingEvent, 7)));
+        assert_eq!(
+            target,
+            Some(QueueTarget::new(TargetType::TicketingEvent, 7))
+        );
         let (_, _, canonical) = m("/limited-drops/abc/orders").unwrap();
         assert_eq!(canonical, "/limited-drops/abc/orders");
         let (_, _, canonical) = m("/Limited-Drops/0abc/orders").unwrap();

@@ -21,6 +21,8 @@ pub const MAX_PATH_LEN: usize = 8192;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CanonicalPath<'a> {
     path: Cow<'a, str>,
+    /// The number of segments.
+    len: usize,
 }
 
 impl<'a> CanonicalPath<'a> {
@@ -30,23 +32,20 @@ impl<'a> CanonicalPath<'a> {
     }
 
     /// The segments in order (none for "/"). None is empty, and none contains '/'.
-    pub fn segments(&self) -> impl Iterator<Item = &str> + Clone {
-        // "/" is the only canonical path with an empty piece after its first '/'.
-        self.path[1..].split('/').filter(|s| !s.is_empty())
+    pub fn segments(&self) -> Segments<'_> {
+        Segments {
+            rest: if self.len == 0 { "" } else { &self.path },
+        }
     }
 
     /// The number of segments.
     pub fn len(&self) -> usize {
-        if self.path.len() == 1 {
-            0
-        } else {
-            self.path.bytes().filter(|&b| b == b'/').count()
-        }
+        self.len
     }
 
     /// Whether the path is "/" (no segments).
     pub fn is_empty(&self) -> bool {
-        self.path.len() == 1
+        self.len == 0
     }
 
     /// The path as an owned string.
@@ -58,7 +57,28 @@ impl<'a> CanonicalPath<'a> {
     pub fn into_owned(self) -> CanonicalPath<'static> {
         CanonicalPath {
             path: Cow::Owned(self.path.into_owned()),
+            len: self.len,
         }
+    }
+}
+
+/// The segments of a canonical path, in order.
+#[derive(Debug, Clone)]
+pub struct Segments<'p> {
+    /// What is left: empty, or "/" and at least one more segment.
+    rest: &'p str,
+}
+
+impl<'p> Iterator for Segments<'p> {
+    type Item = &'p str;
+
+    fn next(&mut self) -> Option<&'p str> {
+        let body = self.rest.get(1..)?;
+        // Segments are short: a plain scan beats a search call per segment.
+        let end = body.bytes().position(|b| b == b'/').unwrap_or(body.len());
+        let (segment, rest) = body.split_at(end);
+        self.rest = rest;
+        Some(segment)
     }
 }
 
@@ -108,8 +128,9 @@ impl PathError {
 /// raw bytes.
 pub fn canonicalize(raw: &[u8]) -> Result<CanonicalPath<'_>, PathError> {
     match already_canonical(raw) {
-        Some(path) => Ok(CanonicalPath {
+        Some((path, len)) => Ok(CanonicalPath {
             path: Cow::Borrowed(path),
+            len,
         }),
         None => full_pass(raw),
     }
@@ -124,6 +145,7 @@ fn full_pass(raw: &[u8]) -> Result<CanonicalPath<'static>, PathError> {
         return Err(PathError::NotAbsolute);
     }
     let mut path = String::with_capacity(raw.len());
+    let mut len = 0;
     for raw_segment in raw.split(|&b| b == b'/') {
         let start = path.len();
         path.push('/');
@@ -138,37 +160,44 @@ fn full_pass(raw: &[u8]) -> Result<CanonicalPath<'static>, PathError> {
         if segment == "." || segment == ".." {
             return Err(PathError::DotSegment);
         }
+        len += 1;
     }
     if path.is_empty() {
         path.push('/');
     }
     Ok(CanonicalPath {
         path: Cow::Owned(path),
+        len,
     })
 }
 
 /// `raw` itself when it is canonical already: within the length limit, absolute, without escapes,
 /// empty segments (but the root), dot segments or refused bytes. Anything else, refused or not,
 /// is left to the full pass, so the answer and the error are always the full pass's.
-fn already_canonical(raw: &[u8]) -> Option<&str> {
+/// Returns the path and its number of segments.
+fn already_canonical(raw: &[u8]) -> Option<(&str, usize)> {
     if raw.len() > MAX_PATH_LEN || raw.first() != Some(&b'/') {
         return None;
     }
-    if raw.len() == 1 {
-        return std::str::from_utf8(raw).ok();
-    }
-    for segment in raw[1..].split(|&b| b == b'/') {
-        if segment.is_empty() || segment == b"." || segment == b".." {
-            return None;
+    let mut len = 0;
+    if raw.len() > 1 {
+        let mut start = 1;
+        // One pass; the end of the path closes the last segment as a '/' would.
+        for i in 1..=raw.len() {
+            match raw.get(i).copied().unwrap_or(b'/') {
+                b'/' => {
+                    if matches!(&raw[start..i], b"" | b"." | b"..") {
+                        return None;
+                    }
+                    len += 1;
+                    start = i + 1;
+                }
+                b'%' | b'\\' | b';' | 0x00..=0x1f | 0x7f..=0xff => return None,
+                _ => {}
+            }
         }
-        if segment
-            .iter()
-            .any(|&b| b == b'%' || check_byte(b, false).is_err())
-        {
-            return None;
-        }
     }
-    std::str::from_utf8(raw).ok()
+    Some((std::str::from_utf8(raw).ok()?, len))
 }
 
 /// Appends the canonical spelling of one raw segment to `out`.
@@ -244,6 +273,7 @@ mod tests {
 
     fn segs(raw: &[u8]) -> Vec<String> {
         let c = canonicalize(raw).unwrap();
+        assert_eq!(c, full_pass(raw).unwrap());
         assert_eq!(c.len(), c.segments().count());
         assert_eq!(c.is_empty(), c.segments().next().is_none());
         c.segments().map(String::from).collect()
