@@ -61,6 +61,8 @@ run() {
 echo "| round | passthrough: bare req/s | gateway req/s | ratio | gated POST: bare req/s | gateway req/s | ratio | CPU µs/request, passthrough: bare / gateway | gated: bare / gateway | ratios to the bare proxy without an idle bound: passthrough / gated |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
 for i in $(seq "$N"); do
+  # A token lives 280 s: a fresh one each round, however long the run.
+  TOKEN=$(entry_token)
   b0=$(run "$PID_bare0" "http://127.0.0.1:$BARE0/static/x")
   b=$(run "$PID_bare" "http://127.0.0.1:$BARE/static/x")
   g=$(run "$PID_gw" "http://127.0.0.1:$GW_gw/static/x")

@@ -26,8 +26,9 @@ nginx_upstream "$UP" "upstream backend { server 127.0.0.1:$UP; keepalive 128; }
     location / { proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\"; }
   }"
 
-# The bare Pingora proxy: the gateway's thread count (1) and upstream peer options.
-"$BARE_BIN" "127.0.0.1:$BARE" "127.0.0.1:$UP" 1 2>"$WORK/bare.log" & PIDS+=($!)
+# The bare Pingora proxy: the gateway's thread count (1), upstream peer options and keep-alive
+# idle bound (60 s, the gateway's default).
+"$BARE_BIN" "127.0.0.1:$BARE" "127.0.0.1:$UP" 1 60 2>"$WORK/bare.log" & PIDS+=($!)
 
 redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & PIDS+=($!)
 
