@@ -41,7 +41,7 @@ pub struct Refusal {
 }
 
 /// Headers the backend never receives: the entry token (a credential for the gate, not for the
-/// backend; first, `HeaderFacts` reads it) and an h2c upgrade's settings (the backend must not
+/// backend) and an h2c upgrade's settings (the backend must not
 /// switch to HTTP/2 past the gate).
 pub const NEVER_FORWARDED: [HeaderName; 2] = [
     super::gate::TOKEN_HEADER,
@@ -66,10 +66,10 @@ impl<'h> HeaderFacts<'h> {
     /// The entry token, read as `headers::single` reads a header: absent, one visible-ASCII
     /// value, or refused.
     pub fn entry_token(&self) -> Result<Option<&'h str>, BadHeader> {
-        match (self.entry_tokens, self.entry_token) {
-            (0, _) | (_, None) => Ok(None),
-            (1, Some(v)) => v.to_str().map(Some).map_err(|_| BadHeader::NotAscii),
-            _ => Err(BadHeader::Repeated),
+        match (self.entry_token, self.entry_tokens) {
+            (None, _) => Ok(None),
+            (Some(v), 1) => v.to_str().map(Some).map_err(|_| BadHeader::NotAscii),
+            (Some(_), _) => Err(BadHeader::Repeated),
         }
     }
 }
@@ -137,7 +137,7 @@ fn scan_fields(
             facts.method_override = true;
         } else if let Some(i) = NEVER_FORWARDED.iter().position(|n| n == name) {
             facts.never_forwarded[i] = true;
-            if i == 0 {
+            if name == super::gate::TOKEN_HEADER {
                 facts.entry_tokens += 1;
                 facts.entry_token = facts.entry_token.or(Some(value));
             }

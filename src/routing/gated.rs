@@ -148,9 +148,6 @@ fn respell(route: &GateRoute, id_segment: &str, id: Option<u64>) -> String {
             (None, None) => canonical.push_str(id_segment),
         }
     }
-    if canonical.is_empty() {
-        canonical.push('/');
-    }
     canonical
 }
 

@@ -25,7 +25,7 @@ pub struct CanonicalPath<'a> {
     len: usize,
 }
 
-impl<'a> CanonicalPath<'a> {
+impl CanonicalPath<'_> {
     /// The path: "/" + segments joined by "/" ("/" when there are none).
     pub fn as_str(&self) -> &str {
         &self.path
@@ -51,14 +51,6 @@ impl<'a> CanonicalPath<'a> {
     /// The path as an owned string.
     pub fn to_path(&self) -> String {
         self.path.clone().into_owned()
-    }
-
-    /// The same path, owning its text.
-    pub fn into_owned(self) -> CanonicalPath<'static> {
-        CanonicalPath {
-            path: Cow::Owned(self.path.into_owned()),
-            len: self.len,
-        }
     }
 }
 
