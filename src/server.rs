@@ -168,6 +168,7 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
         app,
         state.config.server.max_connections,
         state.config.server.first_byte_timeout,
+        state.config.server.keepalive_idle,
         state.metrics.clone(),
     );
     let mut proxy = Service::new("proxy".to_string(), limited);

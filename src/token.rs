@@ -18,7 +18,7 @@ use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine as _;
 use ring::hmac;
 
-use crate::queue::{parse_positive_id, TargetType};
+use crate::queue::{positive_id, TargetType};
 
 /// Longer tokens are rejected before any decoding, so an attacker cannot make
 /// us allocate or hash large inputs.
@@ -142,19 +142,18 @@ pub fn verify(
         return Err(TokenError::Malformed);
     }
     // Decoded on the stack: a token is at most MAX_TOKEN_LEN bytes, so its payload decodes to
-    // fewer; a MAC part that does not fit twice MAC_LEN is not ours either way.
-    let mut payload_buf = [0u8; MAX_TOKEN_LEN];
-    let mut mac_buf = [0u8; 2 * MAC_LEN];
-    let decode = |b64: &str, buf: &mut [u8]| B64.decode_slice(b64, buf).ok();
-    let payload_len = decode(payload_b64, &mut payload_buf).ok_or(TokenError::Malformed)?;
-    let mac_len = decode(mac_b64, &mut mac_buf).ok_or(TokenError::Malformed)?;
-    let (payload, mac) = (&payload_buf[..payload_len], &mac_buf[..mac_len]);
-    if mac.len() != MAC_LEN {
+    // three quarters of that at most; a MAC part that does not decode to MAC_LEN is not ours.
+    let mut payload_buf = [0u8; MAX_TOKEN_LEN / 4 * 3];
+    let mut mac = [0u8; MAC_LEN];
+    let payload_len =
+        decode_b64url(payload_b64.as_bytes(), &mut payload_buf).ok_or(TokenError::Malformed)?;
+    if decode_b64url(mac_b64.as_bytes(), &mut mac) != Some(MAC_LEN) {
         return Err(TokenError::Malformed);
     }
+    let payload = &payload_buf[..payload_len];
     // Authenticate before parsing so the field parser only ever sees bytes we
     // signed ourselves.
-    if !keys.mac_matches(payload, mac) {
+    if !keys.mac_matches(payload, &mac) {
         return Err(TokenError::BadSignature);
     }
     let claims = parse_payload(payload).ok_or(TokenError::Malformed)?;
@@ -164,12 +163,66 @@ pub fn verify(
     Ok(claims)
 }
 
+/// The value of each base64url character, [`INVALID`] for any other byte.
+const B64_VALUES: [u8; 256] = {
+    let mut t = [INVALID; 256];
+    let alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut i = 0;
+    while i < 64 {
+        t[alphabet[i] as usize] = i as u8;
+        i += 1;
+    }
+    t
+};
+const INVALID: u8 = 0xFF;
+
+/// Strict base64url without padding into `out`, as [`B64`] decodes: only the 64 characters,
+/// no `=`, no length of the form 4n+1, and the unused low bits of a last partial group zero (so
+/// each byte string has one spelling). The decoded length, or `None` for any other input or one
+/// that does not fit `out`.
+fn decode_b64url(input: &[u8], out: &mut [u8]) -> Option<usize> {
+    let tail = input.len() % 4;
+    if tail == 1 {
+        return None;
+    }
+    let len = input.len() / 4 * 3 + tail.saturating_sub(1);
+    let out = out.get_mut(..len)?;
+    let value = |c: &u8| match B64_VALUES[usize::from(*c)] {
+        INVALID => None,
+        v => Some(u32::from(v)),
+    };
+    let mut quads = input.chunks_exact(4);
+    let mut triples = out.chunks_exact_mut(3);
+    for (q, o) in (&mut quads).zip(&mut triples) {
+        let n = value(&q[0])? << 18 | value(&q[1])? << 12 | value(&q[2])? << 6 | value(&q[3])?;
+        o.copy_from_slice(&n.to_be_bytes()[1..]);
+    }
+    let rest = triples.into_remainder();
+    match *quads.remainder() {
+        [] => {}
+        [a, b] => {
+            let n = value(&a)? << 6 | value(&b)?;
+            if n & 0xF != 0 {
+                return None;
+            }
+            rest[0] = (n >> 4) as u8;
+        }
+        [a, b, c] => {
+            let n = value(&a)? << 12 | value(&b)? << 6 | value(&c)?;
+            if n & 0x3 != 0 {
+                return None;
+            }
+            rest.copy_from_slice(&((n >> 2) as u16).to_be_bytes());
+        }
+        _ => return None,
+    }
+    Some(len)
+}
+
 fn parse_payload(payload: &[u8]) -> Option<TokenClaims> {
-    // Split as bytes (fields are short; no search call per field), each field then UTF-8.
-    let mut fields = payload
-        .split(|&b| b == b'|')
-        .map(|f| std::str::from_utf8(f).ok());
-    let (Some(Some(kind)), Some(Some(target)), Some(Some(user)), Some(Some(exp)), None) = (
+    // Split as bytes (fields are short; no search call per field); each field is read as bytes.
+    let mut fields = payload.split(|&b| b == b'|');
+    let (Some(kind), Some(target), Some(user), Some(exp), None) = (
         fields.next(),
         fields.next(),
         fields.next(),
@@ -179,11 +232,11 @@ fn parse_payload(payload: &[u8]) -> Option<TokenClaims> {
         return None;
     };
     Some(TokenClaims {
-        target_type: TargetType::from_enum_name(kind)?,
-        target_id: parse_positive_id(target)?,
-        user_id: parse_positive_id(user)?,
+        target_type: TargetType::from_enum_bytes(kind)?,
+        target_id: positive_id(target)?,
+        user_id: positive_id(user)?,
         // Same canonical-decimal rule as the ids: one spelling per value.
-        expires_at: parse_positive_id(exp)?,
+        expires_at: positive_id(exp)?,
     })
 }
 
@@ -529,6 +582,33 @@ mod tests {
         fn signed_arbitrary_payloads_never_panic(p in proptest::collection::vec(any::<u8>(), 1..200)) {
             let r = verify(&keys(), &sign_raw(SECRET, &p), NOW);
             prop_assert_ne!(r, Err(TokenError::BadSignature));
+        }
+
+        /// The decoder gives the base64 crate's strict answer (bytes or refusal) on near-base64
+        /// text, where the trailing-bits and length rules decide.
+        #[test]
+        fn decoding_agrees_with_the_strict_engine(s in "[A-Za-z0-9_=+/-]{0,90}") {
+            let mut out = [0u8; 90];
+            let ours = decode_b64url(s.as_bytes(), &mut out).map(|n| out[..n].to_vec());
+            prop_assert_eq!(ours, B64.decode(&s).ok());
+        }
+
+        #[test]
+        fn decoding_agrees_with_the_strict_engine_on_any_bytes(b in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let mut out = [0u8; 40];
+            let ours = decode_b64url(&b, &mut out).map(|n| out[..n].to_vec());
+            prop_assert_eq!(ours, B64.decode(&b).ok());
+        }
+
+        #[test]
+        fn decoding_round_trips(b in proptest::collection::vec(any::<u8>(), 0..60)) {
+            let mut out = [0u8; 60];
+            let n = decode_b64url(B64.encode(&b).as_bytes(), &mut out);
+            prop_assert_eq!(n.map(|n| &out[..n]), Some(&b[..]));
+            // One byte short of room is refused, not truncated.
+            if !b.is_empty() {
+                prop_assert_eq!(decode_b64url(B64.encode(&b).as_bytes(), &mut out[..b.len() - 1]), None);
+            }
         }
 
         #[test]

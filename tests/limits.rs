@@ -150,3 +150,120 @@ fn no_log_level_carries_a_credential() {
         assert!(!log.contains(secret), "{secret} in the log:\n{log}");
     }
 }
+
+/// Writes one request on `s` and reads its response head and Content-Length body; the status.
+fn exchange(s: &mut TcpStream, target: &str, extra: &str) -> u16 {
+    s.write_all(format!("GET {target} HTTP/1.1\r\nHost: x\r\n{extra}\r\n").as_bytes())
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut b).unwrap(), 1, "closed mid-response");
+        head.push(b[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().unwrap())
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    head[9..12].parse().unwrap()
+}
+
+/// Whether the server ended `s` within `timeout`, reading past anything it sent first.
+fn ended_within(s: &mut TcpStream, timeout: Duration) -> bool {
+    let until = Instant::now() + timeout;
+    let mut b = [0u8; 512];
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        s.set_read_timeout(Some(left)).unwrap();
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+#[test]
+fn a_kept_alive_connection_is_closed_once_idle_for_keepalive_idle_s_after_its_last_request() {
+    let up = Upstream::start();
+    let mut cfg = test_config(up.addr);
+    cfg.server.keepalive_idle_s = 1;
+    let gw = GatewayProc::start(cfg);
+    let mut s = TcpStream::connect(gw.listen).unwrap();
+    // Requests 0.7 s apart keep it open past 1 s in all: the bound counts from the last
+    // request's end, for proxied and locally answered requests alike.
+    assert_eq!(exchange(&mut s, "/a", ""), 200);
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(exchange(&mut s, "/b", ""), 200);
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(
+        exchange(&mut s, "/virtual-queues/limited-drop/42/stats", ""),
+        200
+    );
+    let t = Instant::now();
+    assert!(
+        ended_within(&mut s, Duration::from_secs(3)),
+        "the idle connection stayed open"
+    );
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(850) && took <= Duration::from_millis(2500),
+        "closed after {took:?} idle, not about 1 s"
+    );
+    assert_eq!(up.count(), 2);
+}
+
+#[test]
+fn the_idle_bound_spares_a_slow_request_and_ends_a_trickled_header() {
+    let up = Upstream::start();
+    let mut cfg = test_config(up.addr);
+    cfg.server.keepalive_idle_s = 1;
+    let gw = GatewayProc::start(cfg);
+    let mut s = TcpStream::connect(gw.listen).unwrap();
+    // A request in progress is not idle, however long the backend takes.
+    assert_eq!(
+        exchange(&mut s, "/slow", "x-upstream-delay-ms: 1600\r\n"),
+        200
+    );
+    // The next request's header, sent a field at a time: every read brings a byte, but the
+    // whole header does not arrive within the bound, so the connection ends.
+    let t = Instant::now();
+    s.write_all(b"GET /trickled HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let mut ended = false;
+    for i in 0..16 {
+        if ended_within(&mut s, Duration::from_millis(250)) {
+            ended = true;
+            break;
+        }
+        if s.write_all(format!("X-F{i}: v\r\n").as_bytes()).is_err() {
+            ended = true;
+            break;
+        }
+    }
+    let took = t.elapsed();
+    assert!(ended, "a header trickled for {took:?} kept the connection");
+    assert!(
+        took >= Duration::from_millis(850) && took <= Duration::from_millis(2500),
+        "ended after {took:?}, not about 1 s"
+    );
+    let seen: Vec<String> = up.requests().into_iter().map(|r| r.target).collect();
+    assert_eq!(seen, vec!["/slow".to_string()]);
+}

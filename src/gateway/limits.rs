@@ -4,7 +4,8 @@
 //!   (a clean close, nothing read) instead of holding memory (each keep-alive connection costs
 //!   buffers; 3,000 idle ones were 284 MB);
 //! - a new connection must send its first byte within `first_byte_timeout` (an idle socket
-//!   opened and left is closed; Pingora's own per-read timeout covers the rest of the header).
+//!   opened and left is closed; Pingora's own per-read timeout covers the rest of the header);
+//! - a kept-alive connection idles at most `keepalive_idle` between requests ([`IdleBound`]).
 //!
 //! Pingora's HTTP app serves all requests of a keep-alive connection inside one `process_new`
 //! call, so the calls in flight are the open connections.
@@ -18,12 +19,14 @@ use pingora::apps::ServerApp;
 use pingora::protocols::Stream;
 use pingora::server::ShutdownWatch;
 
+use super::idle::IdleBound;
 use crate::metrics::Metrics;
 
 pub struct ConnectionLimit<A> {
     inner: Arc<A>,
     max_connections: usize,
     first_byte_timeout: Duration,
+    keepalive_idle: Duration,
     open: AtomicUsize,
     metrics: Metrics,
 }
@@ -33,12 +36,14 @@ impl<A> ConnectionLimit<A> {
         inner: A,
         max_connections: usize,
         first_byte_timeout: Duration,
+        keepalive_idle: Duration,
         metrics: Metrics,
     ) -> ConnectionLimit<A> {
         ConnectionLimit {
             inner: Arc::new(inner),
             max_connections: max_connections.max(1),
             first_byte_timeout,
+            keepalive_idle,
             open: AtomicUsize::new(0),
             metrics,
         }
@@ -88,6 +93,7 @@ where
         }
         // Pingora's HTTP app serves every request of a keep-alive connection inside this call,
         // so one call is one connection.
+        let stream: Stream = Box::new(IdleBound::new(stream, self.keepalive_idle));
         self.inner.process_new(stream, shutdown).await
     }
 

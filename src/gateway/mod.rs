@@ -19,6 +19,7 @@ pub mod admin;
 pub mod api;
 pub mod gate;
 pub mod hygiene;
+pub mod idle;
 pub mod limits;
 pub mod route;
 
@@ -37,6 +38,7 @@ use crate::identity::IdentityError;
 use crate::routing::{gated, path};
 use crate::store::QueueStore;
 use api::Reply;
+use idle::IdleBound;
 use route::RouteClass;
 
 pub use crate::app::AppState;
@@ -210,6 +212,7 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         // Bound the idle time of a connection Pingora keeps alive; never turn keep-alive back on
         // for one it closes (HTTP/1.0, `Connection: close`, ambiguous framing).
+        let bounded = IdleBound::of(session).map(IdleBound::busy).is_some();
         if self
             .state
             .draining
@@ -219,7 +222,14 @@ impl ProxyHttp for Gateway {
             // connection before the process drops it.
             session.set_keepalive(None);
         } else if session.get_keepalive().is_some() {
-            session.set_keepalive(Some(self.state.config.server.keepalive_idle.as_secs()));
+            // The connection's own bound (one timer per connection) when it has one, else
+            // Pingora's (one timer per request).
+            let idle_s = if bounded {
+                0
+            } else {
+                self.state.config.server.keepalive_idle.as_secs()
+            };
+            session.set_keepalive(Some(idle_s));
         }
         Ok(())
     }
@@ -451,7 +461,11 @@ impl ProxyHttp for Gateway {
             // Never reached the backend (unreachable, refused locally): the token is unused.
             self.release_claim(ctx).await;
         }
-        let elapsed = ctx.started.elapsed();
+        let now = Instant::now();
+        if let Some(bound) = IdleBound::of(session) {
+            bound.idle_from(now);
+        }
+        let elapsed = now.saturating_duration_since(ctx.started);
         let class = ctx.class.as_str();
         let m = &self.state.metrics;
         m.count_request(class, status_label(status), elapsed.as_secs_f64());

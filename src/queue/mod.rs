@@ -10,7 +10,7 @@ mod target;
 
 pub use position::{eta_seconds, poll_after_seconds, QueuePosition};
 pub use status::{EntryStatus, QueueEntryResponse, QueueStats, QueueStatsResponse};
-pub use target::{parse_positive_id, QueueTarget, TargetType};
+pub use target::{parse_positive_id, positive_id, QueueTarget, TargetType};
 
 /// A duration in whole milliseconds, saturating at `u64::MAX` instead of failing.
 pub fn millis(d: std::time::Duration) -> u64 {

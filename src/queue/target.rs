@@ -39,7 +39,14 @@ impl TargetType {
     }
 
     pub fn from_enum_name(s: &str) -> Option<TargetType> {
-        TargetType::ALL.into_iter().find(|t| t.as_str() == s)
+        TargetType::from_enum_bytes(s.as_bytes())
+    }
+
+    /// [`TargetType::from_enum_name`] of bytes.
+    pub fn from_enum_bytes(b: &[u8]) -> Option<TargetType> {
+        TargetType::ALL
+            .into_iter()
+            .find(|t| t.as_str().as_bytes() == b)
     }
 }
 
@@ -73,11 +80,21 @@ impl fmt::Display for QueueTarget {
 
 /// A canonical positive 64-bit decimal: digits only, no leading zero, not zero, no overflow.
 pub fn parse_positive_id(s: &str) -> Option<u64> {
-    let b = s.as_bytes();
-    if b.is_empty() || b.len() > 20 || b[0] == b'0' || !b.iter().all(u8::is_ascii_digit) {
+    positive_id(s.as_bytes())
+}
+
+/// [`parse_positive_id`] of bytes.
+pub fn positive_id(b: &[u8]) -> Option<u64> {
+    if b.is_empty() || b.len() > 20 || b[0] == b'0' {
         return None;
     }
-    s.parse::<u64>().ok()
+    b.iter().try_fold(0u64, |v, &c| {
+        let digit = c.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        v.checked_mul(10)?.checked_add(u64::from(digit))
+    })
 }
 
 #[cfg(test)]
@@ -111,6 +128,17 @@ mod tests {
             "x",
         ] {
             assert_eq!(parse_positive_id(bad), None, "{bad:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// The digit loop gives the answer of the standard parser under the canonical rule.
+        #[test]
+        fn positive_ids_parse_as_the_standard_parser_does(s in "[0-9]{0,22}|[ -~]{0,8}|\\PC{0,6}") {
+            let b = s.as_bytes();
+            let canonical = !b.is_empty() && b[0] != b'0' && b.iter().all(u8::is_ascii_digit);
+            let want = if canonical { s.parse::<u64>().ok() } else { None };
+            proptest::prop_assert_eq!(parse_positive_id(&s), want);
         }
     }
 
