@@ -10,7 +10,10 @@
 # with the load of the other processes on the same cores.
 # With PIN=1 each proxy runs on CPU 0 alone and wrk, nginx and Redis on CPU 1, so the proxy's own
 # cost sets the rate instead of where the scheduler puts four busy processes on two cores.
-# Usage: [N=9] [PIN=1] benches/proxy_pair.sh [seconds per run, default 3]
+# The gateway runs on the Redis store (STORE=redis, the default) or the embedded memory store
+# (STORE=memory); neither route touches the store on this path, the choice shows the cost of a
+# connected Redis client's threads.
+# Usage: [N=9] [PIN=1] [STORE=redis|memory] benches/proxy_pair.sh [seconds per run, default 3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-3}
@@ -32,7 +35,7 @@ PID_bare=$!
 "$BARE_BIN" "127.0.0.1:$BARE0" "127.0.0.1:$UP" 1 0 2>"$WORK/bare0.log" & PIDS+=($!)
 PID_bare0=$!
 export VQ_TOKEN_SECRET="bench-secret-0123456789abcdefghijklmnop"
-GW_EXTRA=$'[token]\nsingle_use = false' start_gw gw redis "redis://127.0.0.1:$RP"
+GW_EXTRA=$'[token]\nsingle_use = false' start_gw gw "${STORE:-redis}" "redis://127.0.0.1:$RP"
 TOKEN=$(entry_token)
 export TOKEN
 for p in "$BARE" "$BARE0"; do

@@ -289,8 +289,8 @@ impl Metrics {
         let key = HotKey {
             metrics: self.id,
             family,
-            a,
-            b,
+            a: StaticLabel::of(a),
+            b: StaticLabel::of(b),
             target,
         };
         let count = |found: &Child| match found {
@@ -341,9 +341,21 @@ enum Family {
 struct HotKey {
     metrics: u64,
     family: Family,
-    a: &'static str,
-    b: &'static str,
+    a: StaticLabel,
+    b: StaticLabel,
     target: Option<QueueTarget>,
+}
+
+/// A `&'static str` label value known by its address and length, so a lookup neither hashes nor
+/// compares its text. The same text at another address makes a second entry holding the same
+/// child, never a wrong one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct StaticLabel(usize, usize);
+
+impl StaticLabel {
+    fn of(s: &'static str) -> StaticLabel {
+        StaticLabel(s.as_ptr() as usize, s.len())
+    }
 }
 
 enum Child {

@@ -194,7 +194,12 @@ fn decode_b64url(input: &[u8], out: &mut [u8]) -> Option<usize> {
     let mut quads = input.chunks_exact(4);
     let mut triples = out.chunks_exact_mut(3);
     for (q, o) in (&mut quads).zip(&mut triples) {
-        let n = value(&q[0])? << 18 | value(&q[1])? << 12 | value(&q[2])? << 6 | value(&q[3])?;
+        // One test per group: a valid value is below 64, `INVALID` has the top bit set.
+        let [a, b, c, d] = [q[0], q[1], q[2], q[3]].map(|x| u32::from(B64_VALUES[usize::from(x)]));
+        if (a | b | c | d) & 0x80 != 0 {
+            return None;
+        }
+        let n = a << 18 | b << 12 | c << 6 | d;
         o.copy_from_slice(&n.to_be_bytes()[1..]);
     }
     let rest = triples.into_remainder();

@@ -161,9 +161,11 @@ async fn answer_locally(session: &mut Session, reply: &Reply) -> Result<bool> {
 }
 
 fn is_absolute_form(raw: &[u8]) -> bool {
-    [&b"http://"[..], b"https://"]
-        .iter()
-        .any(|scheme| raw.len() >= scheme.len() && raw[..scheme.len()].eq_ignore_ascii_case(scheme))
+    // Origin-form, by far the most common, starts with '/'.
+    raw.first().is_some_and(|&b| b != b'/')
+        && [&b"http://"[..], b"https://"].iter().any(|scheme| {
+            raw.len() >= scheme.len() && raw[..scheme.len()].eq_ignore_ascii_case(scheme)
+        })
 }
 
 /// The path part of the request target: origin-form as is; absolute-form without scheme and

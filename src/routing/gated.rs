@@ -15,7 +15,7 @@ use http::Method;
 
 use super::path::CanonicalPath;
 use super::API_PREFIX;
-use crate::queue::{QueueTarget, TargetType};
+use crate::queue::{positive_id, QueueTarget, TargetType};
 
 /// A gated route after validation: the path split into literal segments and one `{id}` slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,8 +115,9 @@ pub fn match_route<'p>(
         let mut as_sent = true;
         for (want, got) in r.segments.iter().zip(path.segments()) {
             match want {
-                Some(lit) if !lit.eq_ignore_ascii_case(got) => return None,
-                Some(lit) => as_sent &= lit == got,
+                Some(lit) if lit == got => {}
+                Some(lit) if lit.eq_ignore_ascii_case(got) => as_sent = false,
+                Some(_) => return None,
                 None => id_segment = Some(got),
             }
         }
@@ -201,14 +202,12 @@ fn trim_blanks(s: &str) -> &str {
 
 /// Digits only (leading zeros allowed and folded), positive, fitting 64 bits.
 fn lenient_id(s: &str) -> Option<u64> {
-    if s.is_empty() || s.len() > 64 || !s.bytes().all(|b| b.is_ascii_digit()) {
+    let b = s.as_bytes();
+    if b.len() > 64 {
         return None;
     }
-    let digits = s.trim_start_matches('0');
-    if digits.is_empty() || digits.len() > 20 {
-        return None;
-    }
-    digits.parse::<u64>().ok()
+    let zeros = b.iter().take_while(|&&c| c == b'0').count();
+    positive_id(&b[zeros..])
 }
 
 impl GateRoute {
@@ -356,6 +355,21 @@ mod tests {
         assert_eq!(lenient_id("18446744073709551615"), Some(u64::MAX));
         for bad in ["", "0", "000", "18446744073709551616", "-1", "+1", "1a"] {
             assert_eq!(lenient_id(bad), None, "{bad}");
+        }
+        assert_eq!(lenient_id(&format!("{}7", "0".repeat(63))), Some(7));
+        assert_eq!(lenient_id(&format!("{}7", "0".repeat(64))), None);
+    }
+
+    proptest::proptest! {
+        /// The digit loop reads what the standard parser reads: digits only, zeros folded,
+        /// positive, at most 64 characters.
+        #[test]
+        fn lenient_ids_read_as_the_standard_parser_does(s in "[0-9+ a-]{0,6}|0{0,50}[0-9]{0,22}") {
+            let reference = (s.len() <= 64 && !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse::<u64>().ok())
+                .flatten()
+                .filter(|&v| v > 0);
+            proptest::prop_assert_eq!(lenient_id(&s), reference);
         }
     }
 }

@@ -171,28 +171,33 @@ fn already_canonical(raw: &[u8]) -> Option<(&str, usize)> {
     if raw.len() > MAX_PATH_LEN || raw.first() != Some(&b'/') {
         return None;
     }
+    let Some(body) = raw.get(1..).filter(|b| !b.is_empty()) else {
+        return Some(("/", 0));
+    };
     let mut len = 0;
-    if raw.len() > 1 {
-        let mut start = 1;
-        // One pass; the end of the path closes the last segment as a '/' would.
-        for i in 1..=raw.len() {
-            match raw.get(i).copied().unwrap_or(b'/') {
-                b'/' => {
-                    if matches!(&raw[start..i], b"" | b"." | b"..") {
-                        return None;
-                    }
-                    len += 1;
-                    start = i + 1;
-                }
-                b'%' | b'\\' | b';' | 0x00..=0x1f | 0x7f..=0xff => return None,
-                _ => {}
-            }
+    for segment in body.split(|&b| b == b'/') {
+        if matches!(segment, b"" | b"." | b"..")
+            || segment.iter().any(|&b| NOT_PLAIN[usize::from(b)])
+        {
+            return None;
         }
+        len += 1;
     }
     Some((std::str::from_utf8(raw).ok()?, len))
 }
 
-/// Appends the canonical spelling of one raw segment to `out`.
+/// The bytes [`already_canonical`] leaves to the full pass: the escape character and every byte
+/// the full pass refuses in a segment.
+const NOT_PLAIN: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = matches!(b as u8, b'%' | b'\\' | b';' | 0x00..=0x1f | 0x7f..=0xff);
+        b += 1;
+    }
+    t
+};
+
 fn canonical_segment(raw: &[u8], out: &mut String) -> Result<(), PathError> {
     let mut i = 0;
     while let Some(&b) = raw.get(i) {
