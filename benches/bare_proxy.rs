@@ -3,10 +3,12 @@
 //! peer options and, when asked, keep-alive idle bound, and nothing else: no routing, no gate, no
 //! logging, no metrics.
 //!
-//! `cargo bench --bench bare_proxy -- LISTEN UPSTREAM [THREADS] [KEEPALIVE_IDLE_S]` (runs until
-//! killed). `KEEPALIVE_IDLE_S` > 0 bounds how long a keep-alive connection may wait for its next
-//! request, as the gateway's `server.keepalive_idle_s` does (Pingora then arms a timer for every
-//! wait); 0, the default, keeps Pingora's default for HTTP/1.1: no bound.
+//! `cargo bench --bench bare_proxy -- LISTEN UPSTREAM [THREADS] [KEEPALIVE_IDLE_S] [MODULES]`
+//! (runs until killed). `KEEPALIVE_IDLE_S` > 0 bounds how long a keep-alive connection may wait
+//! for its next request, as the gateway's `server.keepalive_idle_s` does (Pingora then arms a
+//! timer for every wait); 0, the default, keeps Pingora's default for HTTP/1.1: no bound.
+//! `MODULES` is `default` (Pingora's default downstream modules: a disabled response compression
+//! module) or `none` (none, as the gateway runs).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -23,6 +25,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Bare {
     upstream: SocketAddr,
     keepalive_idle_s: u64,
+    default_modules: bool,
 }
 
 #[async_trait]
@@ -30,6 +33,14 @@ impl ProxyHttp for Bare {
     type CTX = ();
 
     fn new_ctx(&self) {}
+
+    fn init_downstream_modules(&self, modules: &mut pingora::modules::http::HttpModules) {
+        if self.default_modules {
+            modules.add_module(
+                pingora::modules::http::compression::ResponseCompressionBuilder::enable(0),
+            );
+        }
+    }
 
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut ()) -> Result<()> {
         // As the gateway does: bound the idle wait of a connection Pingora keeps alive.
@@ -57,7 +68,7 @@ fn main() {
         .filter(|a| !a.starts_with("--"))
         .collect();
     let (Some(listen), Some(upstream)) = (args.first(), args.get(1)) else {
-        eprintln!("usage: bare_proxy LISTEN UPSTREAM [THREADS] [KEEPALIVE_IDLE_S]");
+        eprintln!("usage: bare_proxy LISTEN UPSTREAM [THREADS] [KEEPALIVE_IDLE_S] [MODULES]");
         std::process::exit(64);
     };
     let Ok(upstream) = upstream.parse::<SocketAddr>() else {
@@ -80,6 +91,14 @@ fn main() {
             std::process::exit(64);
         }
     };
+    let default_modules = match args.get(4).map(String::as_str) {
+        None | Some("default") => true,
+        Some("none") => false,
+        Some(other) => {
+            eprintln!("bare_proxy: MODULES must be `default` or `none`, not {other}");
+            std::process::exit(64);
+        }
+    };
     let mut conf = ServerConf {
         threads,
         work_stealing: false,
@@ -94,6 +113,7 @@ fn main() {
         Bare {
             upstream,
             keepalive_idle_s,
+            default_modules,
         },
     );
     proxy.add_tcp(listen);

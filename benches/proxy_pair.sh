@@ -13,7 +13,10 @@
 # The gateway runs on the Redis store (STORE=redis, the default) or the embedded memory store
 # (STORE=memory); neither route touches the store on this path, the choice shows the cost of a
 # connected Redis client's threads.
-# Usage: [N=9] [PIN=1] [STORE=redis|memory] benches/proxy_pair.sh [seconds per run, default 3]
+# The gateway runs no downstream module; the bare proxies run Pingora's default one (a disabled
+# response compression module), or none with BARE_MODULES=none.
+# Usage: [N=9] [PIN=1] [STORE=redis|memory] [BARE_MODULES=default|none] benches/proxy_pair.sh
+#        [seconds per run, default 3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-3}
@@ -30,9 +33,9 @@ BARE_BIN=$(bare_proxy_bin)
 UP=$(port); BARE=$(port); BARE0=$(port); RP=$(port)
 nginx_upstream "$UP"
 redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & PIDS+=($!)
-"$BARE_BIN" "127.0.0.1:$BARE" "127.0.0.1:$UP" 1 60 2>"$WORK/bare.log" & PIDS+=($!)
+"$BARE_BIN" "127.0.0.1:$BARE" "127.0.0.1:$UP" 1 60 "${BARE_MODULES:-default}" 2>"$WORK/bare.log" & PIDS+=($!)
 PID_bare=$!
-"$BARE_BIN" "127.0.0.1:$BARE0" "127.0.0.1:$UP" 1 0 2>"$WORK/bare0.log" & PIDS+=($!)
+"$BARE_BIN" "127.0.0.1:$BARE0" "127.0.0.1:$UP" 1 0 "${BARE_MODULES:-default}" 2>"$WORK/bare0.log" & PIDS+=($!)
 PID_bare0=$!
 export VQ_TOKEN_SECRET="bench-secret-0123456789abcdefghijklmnop"
 GW_EXTRA=$'[token]\nsingle_use = false' start_gw gw "${STORE:-redis}" "redis://127.0.0.1:$RP"

@@ -45,6 +45,17 @@ fn passthrough_is_transparent() {
     assert_eq!(req.headers_named("x-custom"), vec!["a, b", "c"]);
     assert_eq!(req.header("content-type"), Some("application/json"));
 
+    // The gateway never compresses: the client's Accept-Encoding reaches the backend as sent and
+    // the backend's body comes back as the backend wrote it.
+    let r = c
+        .request("GET", "/static/x", &[("Accept-Encoding", "gzip, br")], b"")
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-encoding"), None);
+    assert_eq!(r.json()["method"], "GET");
+    let seen = up.requests();
+    assert_eq!(seen[1].header("accept-encoding"), Some("gzip, br"));
+
     // Status codes and other methods pass through as they are.
     for (method, status) in [("GET", 404), ("PUT", 409), ("DELETE", 204), ("PATCH", 500)] {
         let r = c
@@ -57,7 +68,7 @@ fn passthrough_is_transparent() {
             .unwrap();
         assert_eq!(r.status, status, "{method}");
     }
-    assert_eq!(up.count(), 5);
+    assert_eq!(up.count(), 6);
 }
 
 #[test]

@@ -29,6 +29,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
+use pingora::modules::http::HttpModules;
 use pingora::prelude::{HttpPeer, ProxyHttp, Session};
 use pingora::proxy::FailToProxy;
 use pingora::{Error, ErrorSource, ErrorType, Result};
@@ -191,6 +192,11 @@ fn target_path(raw: &[u8]) -> &[u8] {
 #[async_trait]
 impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
+
+    /// No downstream modules: the gateway never compresses or decompresses a response. (Pingora's
+    /// default adds a response compression module, disabled, whose per-request context and
+    /// header hooks cost four allocations per request and change nothing.)
+    fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
     /// Pingora calls this once the request header has been read, so `started` times the request
     /// itself, not the keep-alive wait before it.
