@@ -104,6 +104,9 @@ fn main() {
         work_stealing: false,
         pid_file: format!("/tmp/vq-bare-proxy-{}.pid", std::process::id()),
         upgrade_sock: format!("/tmp/vq-bare-proxy-{}.sock", std::process::id()),
+        // A bench process: stop at once on SIGTERM (Pingora's default grace is a minute).
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };
     conf.max_retries = 1;

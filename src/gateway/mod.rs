@@ -23,6 +23,8 @@ pub mod idle;
 pub mod limits;
 pub mod route;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -154,11 +156,19 @@ pub async fn write_reply(session: &mut Session, reply: &Reply) -> Result<()> {
     Ok(())
 }
 
+/// A boxed future: what a request hook awaits in place is part of that hook's future, which
+/// Pingora boxes (copies) for every request.
+type Local<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
+
 /// Reads and discards the request body, so a locally answered POST leaves the connection reusable.
-async fn answer_locally(session: &mut Session, reply: &Reply) -> Result<bool> {
-    session.drain_request_body().await?;
-    write_reply(session, reply).await?;
-    Ok(true)
+/// Boxed: writing a response through Pingora is a ~1 KB future, which inline would grow
+/// `request_filter`'s future (and its copy) for every request, answered locally or not.
+fn answer_locally<'a>(session: &'a mut Session, reply: &'a Reply) -> Local<'a, bool> {
+    Box::pin(async move {
+        session.drain_request_body().await?;
+        write_reply(session, reply).await?;
+        Ok(true)
+    })
 }
 
 fn is_absolute_form(raw: &[u8]) -> bool {
@@ -256,7 +266,7 @@ impl ProxyHttp for Gateway {
                 let reply = Reply::error(&ApiError::HeadersTooLarge);
                 // The body of such a request is not worth reading: answer and close.
                 session.set_keepalive(None);
-                write_reply(session, &reply).await?;
+                Box::pin(write_reply(session, &reply)).await?;
                 return Ok(true);
             }
             Err(hygiene::ScanError::Refused(r)) => return self.reject(session, ctx, r).await,

@@ -198,6 +198,7 @@ const NOT_PLAIN: [bool; 256] = {
     t
 };
 
+/// Appends the canonical spelling of one raw segment to `out`.
 fn canonical_segment(raw: &[u8], out: &mut String) -> Result<(), PathError> {
     let mut i = 0;
     while let Some(&b) = raw.get(i) {
