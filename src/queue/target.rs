@@ -88,17 +88,6 @@ pub fn positive_id(b: &[u8]) -> Option<u64> {
     if b.is_empty() || b.len() > 20 || b[0] == b'0' {
         return None;
     }
-    if b.len() < 20 {
-        // Up to 19 digits cannot overflow: no checked arithmetic per digit.
-        let mut v = 0u64;
-        let mut bad = 0u8;
-        for &c in b {
-            let digit = c.wrapping_sub(b'0');
-            bad |= u8::from(digit > 9);
-            v = v.wrapping_mul(10).wrapping_add(u64::from(digit));
-        }
-        return (bad == 0).then_some(v);
-    }
     b.iter().try_fold(0u64, |v, &c| {
         let digit = c.wrapping_sub(b'0');
         if digit > 9 {
