@@ -3,7 +3,12 @@
 # (benches/bare_proxy.rs) and the gateway, 1 proxy thread each, the same nginx upstream, measured
 # alternately for passthrough GET and for the gated POST with a valid entry token, N rounds;
 # prints each round's ratio and the median, and each proxy's CPU time per request (from /proc,
-# user + system). The bare proxy runs twice: with the gateway's keep-alive idle bound (60 s, the
+# user + system). Odd rounds run the bare proxy first, even rounds the gateway, so an effect of
+# the order cancels in the median (keep N even): with one fixed order the same binaries gave
+# passthrough 0.95 and gated 0.93 (bare first), with the other 0.99 and 0.96 (N=5 each,
+# 2026-12-05), while two identical bare proxies in a fixed order gave 1.01 and 0.99 (N=8).
+# CONTROL=1 puts a second bare proxy with the bound in the gateway's place: the ratios two
+# identical proxies get on this box today, the run's noise floor. The bare proxy runs twice: with the gateway's keep-alive idle bound (60 s, the
 # gateway's default; Pingora arms a timer for every wait between requests), the reference, and
 # with Pingora's default for HTTP/1.1 (no bound), for context. Pairing each gateway run with the bare run just before it keeps the box's
 # drift out of the ratio better than one median of each; CPU per request moves less than req/s
@@ -15,12 +20,12 @@
 # connected Redis client's threads.
 # The gateway runs no downstream module; the bare proxies run Pingora's default one (a disabled
 # response compression module), or none with BARE_MODULES=none.
-# Usage: [N=9] [PIN=1] [STORE=redis|memory] [BARE_MODULES=default|none] benches/proxy_pair.sh
+# Usage: [N=10] [PIN=1] [CONTROL=1] [STORE=redis|memory] [BARE_MODULES=default|none] benches/proxy_pair.sh
 #        [seconds per run, default 3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-3}
-N=${N:-9}
+N=${N:-10}
 CONNS=64
 WRK_THREADS=2
 GW_THREADS=1
@@ -38,7 +43,16 @@ PID_bare=$!
 "$BARE_BIN" "127.0.0.1:$BARE0" "127.0.0.1:$UP" 1 0 "${BARE_MODULES:-default}" 2>"$WORK/bare0.log" & PIDS+=($!)
 PID_bare0=$!
 export VQ_TOKEN_SECRET="bench-secret-0123456789abcdefghijklmnop"
-GW_EXTRA=$'[token]\nsingle_use = false' start_gw gw "${STORE:-redis}" "redis://127.0.0.1:$RP"
+if [ "${CONTROL:-0}" = 1 ]; then
+  # The control: a second bare proxy with the bound in the gateway's place. Its ratios are what
+  # this box's noise and the run order give two identical proxies.
+  GW_gw=$(port)
+  "$BARE_BIN" "127.0.0.1:$GW_gw" "127.0.0.1:$UP" 1 60 "${BARE_MODULES:-default}" 2>"$WORK/control.log" & PIDS+=($!)
+  PID_gw=$!
+  for _ in $(seq 30); do curl -sf "127.0.0.1:$GW_gw/" >/dev/null 2>&1 && break; sleep 0.1; done
+else
+  GW_EXTRA=$'[token]\nsingle_use = false' start_gw gw "${STORE:-redis}" "redis://127.0.0.1:$RP"
+fi
 TOKEN=$(entry_token)
 export TOKEN
 for p in "$BARE" "$BARE0"; do
@@ -70,11 +84,23 @@ for i in $(seq "$N"); do
   # A token lives 280 s: a fresh one each round, however long the run.
   TOKEN=$(entry_token)
   b0=$(run "$PID_bare0" "http://127.0.0.1:$BARE0/static/x")
-  b=$(run "$PID_bare" "http://127.0.0.1:$BARE/static/x")
-  g=$(run "$PID_gw" "http://127.0.0.1:$GW_gw/static/x")
+  # Which of the pair runs first alternates by round: a fixed order gave the second run of each
+  # pair a few percent less (see the header).
+  if [ $((i % 2)) = 1 ]; then
+    b=$(run "$PID_bare" "http://127.0.0.1:$BARE/static/x")
+    g=$(run "$PID_gw" "http://127.0.0.1:$GW_gw/static/x")
+  else
+    g=$(run "$PID_gw" "http://127.0.0.1:$GW_gw/static/x")
+    b=$(run "$PID_bare" "http://127.0.0.1:$BARE/static/x")
+  fi
   bg0=$(run "$PID_bare0" "http://127.0.0.1:$BARE0/limited-drops/42/orders" -s benches/wrk/gated.lua)
-  bg=$(run "$PID_bare" "http://127.0.0.1:$BARE/limited-drops/42/orders" -s benches/wrk/gated.lua)
-  gg=$(run "$PID_gw" "http://127.0.0.1:$GW_gw/limited-drops/42/orders" -s benches/wrk/gated.lua)
+  if [ $((i % 2)) = 1 ]; then
+    bg=$(run "$PID_bare" "http://127.0.0.1:$BARE/limited-drops/42/orders" -s benches/wrk/gated.lua)
+    gg=$(run "$PID_gw" "http://127.0.0.1:$GW_gw/limited-drops/42/orders" -s benches/wrk/gated.lua)
+  else
+    gg=$(run "$PID_gw" "http://127.0.0.1:$GW_gw/limited-drops/42/orders" -s benches/wrk/gated.lua)
+    bg=$(run "$PID_bare" "http://127.0.0.1:$BARE/limited-drops/42/orders" -s benches/wrk/gated.lua)
+  fi
   python3 -c "
 (b0, _), (b, cb), (g, cg), (bg0, _), (bg, cbg), (gg, cgg) = (map(float, x.split()) for x in ('$b0', '$b', '$g', '$bg0', '$bg', '$gg'))
 print(f'| $i | {b:.0f} | {g:.0f} | {g / b:.2f} | {bg:.0f} | {gg:.0f} | {gg / bg:.2f} | {cb:.1f} / {cg:.1f} | {cbg:.1f} / {cgg:.1f} | {g / b0:.2f} / {gg / bg0:.2f} |')"
