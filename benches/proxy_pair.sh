@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # The gateway against the framework's ceiling, run by run: a bare Pingora proxy
 # (benches/bare_proxy.rs) and the gateway, 1 proxy thread each, the same nginx upstream, measured
-# alternately for passthrough GET and for the gated POST with a valid entry token, N rounds;
+# in pairs for passthrough GET and for the gated POST with a valid entry token, N rounds;
 # prints each round's ratio and the median, and each proxy's CPU time per request (from /proc,
 # user + system). Odd rounds run the bare proxy first, even rounds the gateway, so an effect of
-# the order cancels in the median (keep N even): with one fixed order the same binaries gave
-# passthrough 0.95 and gated 0.93 (bare first), with the other 0.99 and 0.96 (N=5 each,
-# 2026-12-05), while two identical bare proxies in a fixed order gave 1.01 and 0.99 (N=8).
-# CONTROL=1 puts a second bare proxy with the bound in the gateway's place: the ratios two
-# identical proxies get on this box today, the run's noise floor. The bare proxy runs twice: with the gateway's keep-alive idle bound (60 s, the
-# gateway's default; Pingora arms a timer for every wait between requests), the reference, and
-# with Pingora's default for HTTP/1.1 (no bound), for context. Pairing each gateway run with the bare run just before it keeps the box's
-# drift out of the ratio better than one median of each; CPU per request moves less than req/s
-# with the load of the other processes on the same cores.
+# the order cancels in the median (keep N even). With one fixed order the same binaries gave
+# passthrough 0.95 and gated 0.93 (bare first) and 0.99 and 0.96 (gateway first), N=5 each,
+# 2026-12-05; two identical bare proxies in one fixed order gave 1.01 and 0.99 (N=8), and the
+# alternating run showed no consistent order effect: the spread was noise, but the order is
+# no longer left to chance. CONTROL=1 puts a second bare proxy with the bound in the gateway's
+# place: the ratios two identical proxies get on this box today, the run's noise floor.
+# The bare proxy runs twice: with the gateway's keep-alive idle bound (60 s, the gateway's
+# default; Pingora arms a timer for every wait between requests), the reference, and with
+# Pingora's default for HTTP/1.1 (no bound), for context. Pairing each gateway run with the bare
+# run beside it keeps the box's drift out of the ratio better than one median of each; CPU per
+# request moves less than req/s with the load of the other processes on the same cores.
 # With PIN=1 each proxy runs on CPU 0 alone and wrk, nginx and Redis on CPU 1, so the proxy's own
 # cost sets the rate instead of where the scheduler puts four busy processes on two cores.
 # The gateway runs on the Redis store (STORE=redis, the default) or the embedded memory store
@@ -84,8 +86,7 @@ for i in $(seq "$N"); do
   # A token lives 280 s: a fresh one each round, however long the run.
   TOKEN=$(entry_token)
   b0=$(run "$PID_bare0" "http://127.0.0.1:$BARE0/static/x")
-  # Which of the pair runs first alternates by round: a fixed order gave the second run of each
-  # pair a few percent less (see the header).
+  # Which of the pair runs first alternates by round (see the header).
   if [ $((i % 2)) = 1 ]; then
     b=$(run "$PID_bare" "http://127.0.0.1:$BARE/static/x")
     g=$(run "$PID_gw" "http://127.0.0.1:$GW_gw/static/x")
