@@ -5,7 +5,7 @@
 -- after another in the order given: concurrent duplicate enters of one user get one seq and waste
 -- none, and the capacity check cannot race the INCRBY. The commands are per call, not per user
 -- (MGET, ZMSCORE, one INCRBY, one ZADD, one BITFIELD per bitmap), except ZRANK for a user who
--- was already waiting.
+-- was already waiting; the bits of the new users' consecutive seqs are written as runs.
 --
 -- KEYS[1] queue:{T}:waiting         ZSET userId -> seq
 -- KEYS[2] queue:{T}:queued          bitmap by seq: 1 while that seq waits (for the sweep)
@@ -47,7 +47,8 @@ local waiting = redis.call('ZCARD', KEYS[1])
 local before = waiting
 
 -- First pass: each user's answer in order; new users get their place (an index into the new
--- seqs) while there is room, and a repeated new user gets the place of its first enter.
+-- seqs) while there is room, and a repeated new user gets the place of its first enter. The user
+-- at place p waits behind `before + p - 1` users and opened the room when `before` was 0 and p 1.
 local replies, fresh, places, nfresh = {}, {}, {}, 0
 for i = 1, n do
   local user = users[i]
@@ -62,9 +63,24 @@ for i = 1, n do
   else
     nfresh = nfresh + 1
     fresh[user] = nfresh
-    places[nfresh] = {user, waiting, waiting == 0 and 1 or 0}
+    places[nfresh] = user
     waiting = waiting + 1
   end
+end
+
+-- BITFIELD arguments that set the bits of the consecutive seqs first .. first + count - 1,
+-- appended to args: one field of up to 32 bits per 32 seqs instead of one per seq (the new seqs of
+-- a call are consecutive; `2 ^ len - 1` and the offsets are integers Redis reads exactly).
+local function run_of_bits(first, count, args)
+  while count > 0 do
+    local len = math.min(count, 32)
+    args[#args + 1] = 'SET'
+    args[#args + 1] = 'u' .. len
+    args[#args + 1] = first
+    args[#args + 1] = 2 ^ len - 1
+    first, count = first + len, count - len
+  end
+  return args
 end
 
 -- Numbers reach Redis as text: each new seq is formatted once, and the constants are text.
@@ -77,42 +93,36 @@ if nfresh > 0 then
     -- expired seq would admit newcomers at once (and stale queued bits would name new users).
     redis.call('DEL', KEYS[2], KEYS[4], KEYS[7])
   end
-  local zadd, queued = {}, {}
+  local zadd = {}
   for p = 1, nfresh do
     local s = tostring(first + p - 1)
     seqs[p] = s
-    zadd[#zadd + 1] = s
-    zadd[#zadd + 1] = places[p][1]
-    queued[#queued + 1] = 'SET'
-    queued[#queued + 1] = 'u1'
-    queued[#queued + 1] = s
-    queued[#queued + 1] = '1'
+    zadd[2 * p - 1] = s
+    zadd[2 * p] = places[p]
   end
   redis.call('ZADD', KEYS[1], unpack(zadd))
-  redis.call('BITFIELD', KEYS[2], unpack(queued))
+  redis.call('BITFIELD', KEYS[2], unpack(run_of_bits(first, nfresh, {})))
 end
 
 -- Second pass: the answers of waiting users, and their heartbeats (one bit each in this
 -- window's bitmap, which expires on its own: NX, the first writer of a window sets its lifetime).
-local beats = {}
+-- The new seqs beat as one run of bits; users already waiting beat one bit each.
+local beats = run_of_bits(first, nfresh, {})
 for i = 1, n do
-  local r, s = replies[i], nil
+  local r = replies[i]
   if r == 'known' then
-    s = scores[i]
+    local s = scores[i]
     replies[i] = {'WAITING', s, redis.call('ZRANK', KEYS[1], users[i]), 0}
-  elseif r == 'again' then
-    s = seqs[fresh[users[i]]]
-    replies[i] = {'WAITING', s, places[fresh[users[i]]][2], 0}
-  elseif r == nil then
-    local place = fresh[users[i]]
-    s = seqs[place]
-    replies[i] = {'WAITING', s, places[place][2], places[place][3]}
-  end
-  if s then
     beats[#beats + 1] = 'SET'
     beats[#beats + 1] = 'u1'
     beats[#beats + 1] = s
     beats[#beats + 1] = '1'
+  elseif r == 'again' then
+    local place = fresh[users[i]]
+    replies[i] = {'WAITING', seqs[place], before + place - 1, 0}
+  elseif r == nil then
+    local place = fresh[users[i]]
+    replies[i] = {'WAITING', seqs[place], before + place - 1, (before == 0 and place == 1) and 1 or 0}
   end
 end
 if #beats > 0 then

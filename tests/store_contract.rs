@@ -807,6 +807,74 @@ async fn simultaneous_enters_and_polls_of_a_target_are_one_script_call() {
     assert_eq!(evalsha_calls(&redis) - before, 3 + 2);
 }
 
+/// The new users of one script call get consecutive seqs, whose queued and heartbeat bits
+/// `enter.lua` writes as runs of up to 32 bits: the bits cover exactly those seqs. Around a
+/// batch of newcomers (one alone, then 39 in one call: runs of 32 and 7 bits) stand two users
+/// whose last heartbeat is two minutes old, one just before the batch and one just after it: a
+/// sweep evicts those two and nobody else, on both stores; on Redis the queued bitmap holds
+/// exactly the waiting seqs.
+#[tokio::test]
+async fn batched_newcomers_hold_exactly_their_own_bits() {
+    async fn scenario(s: &dyn QueueStore, redis: Option<&RedisServer>) {
+        let t = target(14);
+        let old = at(-120_000);
+        assert!(matches!(
+            s.enter(t, 1, old, CAP).await.unwrap(),
+            EnterOutcome::Waiting { seq: 1, .. }
+        ));
+        let batch: Vec<u64> = (100..140).collect();
+        let calls_before = redis.map(evalsha_calls);
+        let entered = futures_join_all(batch.iter().map(|u| s.enter(t, *u, now(), CAP))).await;
+        if let (Some(redis), Some(before)) = (redis, calls_before) {
+            // One newcomer alone, then 39 in one call.
+            assert_eq!(evalsha_calls(redis) - before, 2);
+        }
+        let mut seqs: Vec<u64> = entered
+            .into_iter()
+            .map(|r| match r.unwrap() {
+                EnterOutcome::Waiting { seq, .. } => seq,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, (2..=41).collect::<Vec<u64>>());
+        assert!(matches!(
+            s.enter(t, 2, old, CAP).await.unwrap(),
+            EnterOutcome::Waiting { seq: 42, .. }
+        ));
+        let cutoff = now().epoch_ms - 60_000;
+        assert_eq!(s.sweep(t, cutoff, 100, now()).await.unwrap(), 2);
+        for user in [1, 2] {
+            assert_eq!(
+                poll(s, t, user, "x").await,
+                PollOutcome::NotInQueue,
+                "{user}"
+            );
+        }
+        for user in batch {
+            assert!(
+                matches!(poll(s, t, user, "x").await, PollOutcome::Waiting { .. }),
+                "{user}"
+            );
+        }
+    }
+    scenario(&MemoryStore::new(), None).await;
+    let redis = RedisServer::start();
+    let store = connected_redis(&redis).await;
+    scenario(store.as_ref(), Some(&redis)).await;
+    let queued: Vec<i64> = (0..=45)
+        .map(|seq| {
+            redis
+                .cmd(&["GETBIT", "queue:{LIMITED_DROP:14}:queued", &seq.to_string()])
+                .as_int()
+        })
+        .collect();
+    let want: Vec<i64> = (0..=45)
+        .map(|seq| i64::from((2..=41).contains(&seq)))
+        .collect();
+    assert_eq!(queued, want, "queued bits by seq");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_keys_follow_the_contract() {
     let redis = RedisServer::start();
