@@ -21,8 +21,10 @@
 -- KEYS[8+i] queue:{T}:token:{userId i}  STRING "expiresAt|token"
 -- ARGV[1] now (ms), ARGV[2] capacity, ARGV[3] key TTL (ms), ARGV[4] TTL of a window's bitmap
 -- (ms), ARGV[4+i] userId i
--- Reply: one per user, in order: {"ADMITTED", "expiresAt|token"} | {"WAITING", seq, rank, opened}
---   | {"FULL"}
+-- Reply: one flat array holding each user's reply in order, a tag and its fields:
+--   "ADMITTED", "expiresAt|token" | "WAITING", seq, rank, opened | "FULL"
+--   (one array, not a table per user: Redis converts the values of one array for less than the
+--   same values in a table each)
 --   opened: 1 when this enter put the first user into an empty waiting room (the caller then
 --   makes sure the target is on `queue:active`: the pump may have retired it as empty)
 --
@@ -53,13 +55,13 @@ local replies, fresh, places, nfresh = {}, {}, {}, 0
 for i = 1, n do
   local user = users[i]
   if stored[i] then
-    replies[i] = {'ADMITTED', stored[i]}
+    replies[i] = 'admitted'
   elseif scores[i] then
     replies[i] = 'known'
   elseif fresh[user] then
     replies[i] = 'again'
   elseif waiting >= capacity then
-    replies[i] = {'FULL'}
+    replies[i] = 'full'
   else
     nfresh = nfresh + 1
     fresh[user] = nfresh
@@ -104,25 +106,31 @@ if nfresh > 0 then
   redis.call('BITFIELD', KEYS[2], unpack(run_of_bits(first, nfresh, {})))
 end
 
--- Second pass: the answers of waiting users, and their heartbeats (one bit each in this
+-- Second pass: the answers, in order, and the heartbeats of waiting users (one bit each in this
 -- window's bitmap, which expires on its own: NX, the first writer of a window sets its lifetime).
 -- The new seqs beat as one run of bits; users already waiting beat one bit each.
-local beats = run_of_bits(first, nfresh, {})
+local out, beats = {}, run_of_bits(first, nfresh, {})
 for i = 1, n do
   local r = replies[i]
-  if r == 'known' then
-    local s = scores[i]
-    replies[i] = {'WAITING', s, redis.call('ZRANK', KEYS[1], users[i]), 0}
+  if r == 'admitted' then
+    out[#out + 1] = 'ADMITTED'
+    out[#out + 1] = stored[i]
+  elseif r == 'full' then
+    out[#out + 1] = 'FULL'
+  elseif r == 'known' then
+    local s, k = scores[i], #out
+    out[k + 1], out[k + 2], out[k + 3], out[k + 4] =
+      'WAITING', s, redis.call('ZRANK', KEYS[1], users[i]), 0
     beats[#beats + 1] = 'SET'
     beats[#beats + 1] = 'u1'
     beats[#beats + 1] = s
     beats[#beats + 1] = '1'
-  elseif r == 'again' then
+  else
+    -- A new user ('again': its second enter in this call).
     local place = fresh[users[i]]
-    replies[i] = {'WAITING', seqs[place], before + place - 1, 0}
-  elseif r == nil then
-    local place = fresh[users[i]]
-    replies[i] = {'WAITING', seqs[place], before + place - 1, (before == 0 and place == 1) and 1 or 0}
+    local k = #out
+    out[k + 1], out[k + 2], out[k + 3], out[k + 4] = 'WAITING', seqs[place], before + place - 1,
+      (r == nil and before == 0 and place == 1) and 1 or 0
   end
 end
 if #beats > 0 then
@@ -149,4 +157,4 @@ if nfresh > 0 then
     end
   end
 end
-return replies
+return out

@@ -62,8 +62,48 @@ fn waiting_reply(items: &[Value]) -> Result<(u64, u64), StoreError> {
     }
 }
 
-/// `enter.lua`: `{"ADMITTED", "expiresAt|token"} | {"WAITING", seq, rank, opened} | {"FULL"}`,
-/// with whether this enter opened an empty waiting room (`opened` is 1).
+/// Splits the flat reply of a script call for many users into one reply array per user: the
+/// script answers each user's tag followed by `fields(tag)` values, in order (one array instead
+/// of a table per user, which Redis converts for less). An unknown tag or a reply cut short is a
+/// protocol error.
+pub fn per_user(
+    flat: Vec<Value>,
+    fields: fn(&str) -> Option<usize>,
+    what: &str,
+) -> Result<Vec<Value>, StoreError> {
+    let mut users = Vec::new();
+    let mut items = flat.into_iter();
+    while let Some(tag) = items.next() {
+        let n = tag
+            .as_str()
+            .and_then(|t| fields(&t))
+            .ok_or_else(|| protocol(what, &tag))?;
+        let mut reply = Vec::with_capacity(n + 1);
+        reply.push(tag);
+        for _ in 0..n {
+            let field = items
+                .next()
+                .ok_or_else(|| StoreError::Protocol(format!("{what}: a reply cut short")))?;
+            reply.push(field);
+        }
+        users.push(Value::Array(reply));
+    }
+    Ok(users)
+}
+
+/// How many fields follow each tag of `enter.lua`'s flat reply.
+pub fn enter_fields(tag: &str) -> Option<usize> {
+    match tag {
+        "WAITING" => Some(3),
+        "ADMITTED" => Some(1),
+        "FULL" => Some(0),
+        _ => None,
+    }
+}
+
+/// One user's `enter.lua` reply (see [`per_user`]): `{"ADMITTED", "expiresAt|token"} |
+/// {"WAITING", seq, rank, opened} | {"FULL"}`, with whether this enter opened an empty waiting
+/// room (`opened` is 1).
 pub fn enter(v: Value) -> Result<(EnterOutcome, bool), StoreError> {
     let items = reply_array(v, "enter")?;
     match tag(&items).as_str() {
@@ -172,6 +212,46 @@ mod tests {
 
     fn arr(items: &[Value]) -> Value {
         Value::Array(items.to_vec())
+    }
+
+    #[test]
+    fn a_flat_reply_splits_into_one_reply_per_user() {
+        let flat = vec![
+            "FULL".into(),
+            "WAITING".into(),
+            "3".into(),
+            Value::Integer(2),
+            Value::Integer(0),
+            "ADMITTED".into(),
+            "1700|tok".into(),
+            "FULL".into(),
+        ];
+        let users = per_user(flat, enter_fields, "enter").unwrap();
+        assert_eq!(
+            users,
+            vec![
+                arr(&["FULL".into()]),
+                arr(&[
+                    "WAITING".into(),
+                    "3".into(),
+                    Value::Integer(2),
+                    Value::Integer(0)
+                ]),
+                arr(&["ADMITTED".into(), "1700|tok".into()]),
+                arr(&["FULL".into()]),
+            ]
+        );
+        assert_eq!(per_user(Vec::new(), enter_fields, "enter").unwrap(), vec![]);
+        // Cut short, an unknown tag, a field where a tag belongs: protocol errors.
+        let short = vec!["WAITING".into(), "3".into(), Value::Integer(2)];
+        let unknown = vec!["NONE".into()];
+        let not_a_tag = vec![Value::Integer(7)];
+        for bad in [short, unknown, not_a_tag] {
+            assert!(matches!(
+                per_user(bad, enter_fields, "enter"),
+                Err(StoreError::Protocol(_))
+            ));
+        }
     }
 
     #[test]

@@ -509,7 +509,9 @@ impl QueueStore for RedisStore {
                         window_ttl.to_string().into(),
                     ];
                     argv.extend(users.iter().map(|u| u.to_string().into()));
-                    reply_array(caller.eval(&scripts.enter, &keys, &argv).await?, "enter")
+                    let flat =
+                        reply_array(caller.eval(&scripts.enter, &keys, &argv).await?, "enter")?;
+                    replies::per_user(flat, replies::enter_fields, "enter")
                 })
             })
         })
