@@ -3,16 +3,19 @@
 # threads, Redis store) while wrk drives one workload, then a flamegraph (inferno) and the top
 # symbols by self time. Workloads: enter-new (first entries), enter (random users), poll, gated
 # (a token-checked POST proxied to the upstream), passthrough. The Redis server can be profiled
-# instead with TARGET=redis.
+# instead with TARGET=redis (by default under the queue workloads only: gated and passthrough
+# requests do not reach Redis).
 # Usage: [TARGET=gateway|redis] benches/profile.sh [seconds, default 5] [workload ...]
 # Writes benches/profiles/<target>-<workload>.svg and .txt (top 30 self-time symbols).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-5}
 shift || true
-WORKLOADS=("${@:-enter-new enter poll gated passthrough}")
-read -r -a WORKLOADS <<<"${WORKLOADS[*]}"
 TARGET=${TARGET:-gateway}
+DEFAULT_WORKLOADS="enter-new enter poll gated passthrough"
+[ "$TARGET" = redis ] && DEFAULT_WORKLOADS="enter-new enter poll"
+WORKLOADS=("${@:-$DEFAULT_WORKLOADS}")
+read -r -a WORKLOADS <<<"${WORKLOADS[*]}"
 CONNS=64
 GW_THREADS=2
 WRK_THREADS=2

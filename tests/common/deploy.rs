@@ -207,6 +207,12 @@ impl Drop for Sentinel {
 
 pub const SENTINEL_SERVICE: &str = "vq";
 
+/// A sentinel's `INFO sentinel` text, if it answers.
+fn sentinel_info(port: u16) -> Option<String> {
+    let conn = super::redis::RedisConn::connect(port).ok()?;
+    conn.cmd(&["INFO", "sentinel"]).ok()?.as_str()
+}
+
 impl SentinelSet {
     pub fn start() -> SentinelSet {
         let primary = RedisServer::start();
@@ -270,11 +276,7 @@ impl SentinelSet {
                 .is_some_and(|i| i.contains("master_link_status:up"));
             synced
                 && set.sentinels.iter().all(|s| {
-                    let Ok(conn) = super::redis::RedisConn::connect(s.port) else {
-                        return false;
-                    };
-                    let info = conn.cmd(&["INFO", "sentinel"]).ok();
-                    info.and_then(|i| i.as_str())
+                    sentinel_info(s.port)
                         .is_some_and(|i| i.contains("slaves=1") && i.contains("sentinels=3"))
                 })
         });
@@ -283,14 +285,10 @@ impl SentinelSet {
                 .sentinels
                 .iter()
                 .map(|s| {
-                    super::redis::RedisConn::connect(s.port)
-                        .ok()
-                        .and_then(|c| c.cmd(&["INFO", "sentinel"]).ok())
-                        .and_then(|i| {
-                            i.as_str()
-                                .map(|t| t.lines().last().unwrap_or("").to_string())
-                        })
-                        .unwrap_or_else(|| "no answer".to_string())
+                    sentinel_info(s.port).map_or_else(
+                        || "no answer".to_string(),
+                        |i| i.lines().last().unwrap_or("").to_string(),
+                    )
                 })
                 .collect();
             panic!("the sentinels did not settle in 90 s: {seen:?}");
