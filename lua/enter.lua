@@ -29,9 +29,9 @@
 --   makes sure the target is on `queue:active`: the pump may have retired it as empty)
 --
 -- Key lifetimes: every key this script may create gets the TTL in the same call (a fresh
--- sequence, an empty waiting room, a new checkpoint), and the TTL of all seven is extended with
--- every checkpoint (at most once per 16 enters or per second) and by every admission step
--- (advance.lua), not on every enter.
+-- sequence, an empty waiting room, the first checkpoint), and the TTL of all seven is extended by
+-- the first checkpoint of each second (a checkpoint comes after 16 enters or a second) and by
+-- every admission step (advance.lua), not on every enter.
 --
 -- The `#!lua` shebang (no allow-oom flag) makes Redis refuse the whole script under maxmemory
 -- before it runs, instead of failing at its first write and keeping the writes before it.
@@ -70,23 +70,25 @@ for i = 1, n do
   end
 end
 
--- BITFIELD arguments that set the bits of the consecutive seqs first .. first + count - 1,
--- appended to args: one field of up to 32 bits per 32 seqs instead of one per seq (the new seqs of
--- a call are consecutive; `2 ^ len - 1` and the offsets are integers Redis reads exactly).
-local function run_of_bits(first, count, args)
-  while count > 0 do
-    local len = math.min(count, 32)
+-- BITFIELD arguments that set the bits of the new seqs (places 1 .. nfresh, consecutive): one
+-- field of up to 32 bits per 32 seqs instead of one per seq. Every argument is a string made
+-- with '%d' (Redis would format a Lua number with '%.17g', and `tostring` uses '%.14g': both
+-- far slower than an integer format).
+local function runs_of_new_bits(seqs, nfresh)
+  local args, p = {}, 1
+  while p <= nfresh do
+    local len = math.min(nfresh - p + 1, 32)
     args[#args + 1] = 'SET'
-    args[#args + 1] = 'u' .. len
-    args[#args + 1] = first
-    args[#args + 1] = 2 ^ len - 1
-    first, count = first + len, count - len
+    args[#args + 1] = string.format('u%d', len)
+    args[#args + 1] = seqs[p]
+    args[#args + 1] = string.format('%d', 2 ^ len - 1)
+    p = p + len
   end
   return args
 end
 
--- Numbers reach Redis as text: each new seq is formatted once, and the constants are text.
-local first, seqs = 0, {}
+-- The bits of the new seqs, in the queued bitmap now and in the heartbeat bitmap below.
+local first, seqs, bits = 0, {}, {}
 if nfresh > 0 then
   local last = redis.call('INCRBY', KEYS[3], nfresh)
   first = last - nfresh + 1
@@ -97,19 +99,20 @@ if nfresh > 0 then
   end
   local zadd = {}
   for p = 1, nfresh do
-    local s = tostring(first + p - 1)
+    local s = string.format('%d', first + p - 1)
     seqs[p] = s
     zadd[2 * p - 1] = s
     zadd[2 * p] = places[p]
   end
   redis.call('ZADD', KEYS[1], unpack(zadd))
-  redis.call('BITFIELD', KEYS[2], unpack(run_of_bits(first, nfresh, {})))
+  bits = runs_of_new_bits(seqs, nfresh)
+  redis.call('BITFIELD', KEYS[2], unpack(bits))
 end
 
 -- Second pass: the answers, in order, and the heartbeats of waiting users (one bit each in this
 -- window's bitmap, which expires on its own: NX, the first writer of a window sets its lifetime).
 -- The new seqs beat as one run of bits; users already waiting beat one bit each.
-local out, beats = {}, run_of_bits(first, nfresh, {})
+local out, beats = {}, bits
 for i = 1, n do
   local r = replies[i]
   if r == 'admitted' then
@@ -151,7 +154,11 @@ if nfresh > 0 then
     -- Every seq up to s entered by now (the users of one call enter at the same time).
     redis.call('ZADD', KEYS[5], seqs[nfresh], seqs[nfresh] .. ':' .. ARGV[1])
   end
-  if checkpoint or first == 1 or before == 0 then
+  -- The TTLs: set with whatever this call may have created (a fresh sequence, an empty waiting
+  -- room, the first checkpoint), and otherwise extended by the first checkpoint of each second
+  -- (checkpoints come at least once a second while users enter) rather than by every one.
+  if not last or first == 1 or before == 0
+    or (checkpoint and math.floor(now / 1000) ~= math.floor(last_ms / 1000)) then
     for k = 1, 7 do
       redis.call('PEXPIRE', KEYS[k], ttl)
     end

@@ -1083,10 +1083,31 @@ async fn enter_time_checkpoints_are_sparse_and_trimmed() {
         members,
         vec![format!("1:{ms}"), format!("17:{ms}"), format!("33:{ms}")]
     );
-    // A second later, the next enter gets its own checkpoint.
+    // The keys' TTL is extended by the first checkpoint of each second, not by every one: the
+    // checkpoint of seq 49, in the same second, leaves it alone.
+    let keys =
+        ["waiting", "queued", "seq", "seqtime"].map(|k| format!("queue:{{LIMITED_DROP:45}}:{k}"));
+    let ttls = || {
+        keys.iter()
+            .map(|k| redis.cmd(&["TTL", k]).as_int())
+            .collect::<Vec<_>>()
+    };
+    for k in &keys {
+        redis.cmd(&["EXPIRE", k, "100"]);
+    }
+    for user in 41..=50 {
+        s.enter(t, user, same_ms, CAP).await.unwrap();
+    }
+    assert_eq!(redis.cmd(&["ZCARD", key]).as_int(), 4);
+    assert!(
+        ttls().iter().all(|t| (95..=100).contains(t)),
+        "{:?}",
+        ttls()
+    );
+    // A second later, the next enter gets its own checkpoint, which extends the TTL.
     s.enter(
         t,
-        41,
+        51,
         Now {
             epoch_ms: ms + 1_000,
         },
@@ -1094,7 +1115,12 @@ async fn enter_time_checkpoints_are_sparse_and_trimmed() {
     )
     .await
     .unwrap();
-    assert_eq!(redis.cmd(&["ZCARD", key]).as_int(), 4);
+    assert_eq!(redis.cmd(&["ZCARD", key]).as_int(), 5);
+    assert!(
+        ttls().iter().all(|t| (1790..=1800).contains(t)),
+        "{:?}",
+        ttls()
+    );
     // Once everyone below seq 20 has left the waiting set, checkpoints below 17 go.
     s.advance(t, 19, GUARD, now()).await.unwrap();
     for user in 1..=19 {

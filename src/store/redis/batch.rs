@@ -72,12 +72,13 @@ struct Batch {
 }
 
 /// A thread's open batches, how many calls of each key it has in flight, and the leader
-/// waiting for them to answer.
+/// waiting for them to answer. (Keyed with ahash, several times cheaper than SipHash on these
+/// keys, and still keyed per process: target ids come from clients.)
 #[derive(Default)]
 struct Batches {
-    open: HashMap<BatchKey, Batch>,
-    in_flight: HashMap<BatchKey, u32>,
-    waiting: HashMap<BatchKey, oneshot::Sender<()>>,
+    open: HashMap<BatchKey, Batch, ahash::RandomState>,
+    in_flight: HashMap<BatchKey, u32, ahash::RandomState>,
+    waiting: HashMap<BatchKey, oneshot::Sender<()>, ahash::RandomState>,
 }
 
 type Open = Arc<Mutex<Batches>>;

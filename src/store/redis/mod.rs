@@ -15,6 +15,8 @@
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -271,8 +273,17 @@ impl RedisStore {
             .is_some_and(|at| at.elapsed() < ACTIVE_REFRESH)
     }
 
-    /// `admit.lua`, remembering a success for `ACTIVE_REFRESH`.
-    async fn admit_and_note(&self, target: QueueTarget) -> Result<bool, StoreError> {
+    /// `admit.lua`, remembering a success for `ACTIVE_REFRESH`. Boxed: it runs about once per
+    /// target and instance every `ACTIVE_REFRESH`, and inline its script call would make every
+    /// enter's and poll's future larger (a future is copied whole when it is boxed).
+    fn admit_and_note(
+        &self,
+        target: QueueTarget,
+    ) -> Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + '_>> {
+        Box::pin(self.admit_and_note_now(target))
+    }
+
+    async fn admit_and_note_now(&self, target: QueueTarget) -> Result<bool, StoreError> {
         let admitted = self.admits_target(target).await?;
         let mut seen = self.registered.lock();
         if admitted {
@@ -573,7 +584,9 @@ impl QueueStore for RedisStore {
                     WAIT_SAMPLES.to_string().into(),
                 ];
                 let keys = TargetKeys::new(target).queue_keys(user, window);
-                replies::issue(self.eval(&self.scripts.issue, keys, argv).await?)?
+                // Boxed: once per user, and inline it would make every poll's future larger.
+                let issued = Box::pin(self.eval(&self.scripts.issue, keys, argv)).await?;
+                replies::issue(issued)?
             }
         };
         if let PollOutcome::Waiting { .. } = outcome {

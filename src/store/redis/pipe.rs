@@ -229,7 +229,9 @@ impl Pipes {
         if let Some(error) = recently_down {
             return Err(PipeError::Unavailable(error));
         }
-        match self.open().await {
+        // Boxed: connecting (TCP, TLS, AUTH) is rare, and its future is large; inline, every
+        // call's future would carry it and be copied whole.
+        match Box::pin(self.open()).await {
             Ok((calls, broken)) => {
                 DOWN.with(|d| d.borrow_mut().remove(&self.id));
                 LOCAL.with(|l| {
