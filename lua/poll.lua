@@ -11,8 +11,8 @@
 -- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:admitted_count, KEYS[3] queue:{T}:alive:{window},
 -- KEYS[3+i] queue:{T}:token:{userId i}
 -- ARGV[i] userId i
--- Reply: one per user, in order: {"WAITING", seq, rank} | {"DUE"} | {"ADMITTED", "expiresAt|token"}
---   | {"NONE"}
+-- Reply: one flat array holding each user's reply in order, a tag and its fields (as enter.lua):
+--   "WAITING", seq, rank | "DUE" | "ADMITTED", "expiresAt|token" | "NONE"
 --
 -- `allow-oom`: under maxmemory this script still runs (Redis refuses plain writes then). It only
 -- refreshes state of users already in the waiting room, so a full Redis keeps the queue moving
@@ -20,15 +20,20 @@
 
 local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV))
 local mark = tonumber(redis.call('GET', KEYS[2]) or '0')
-local replies, beats = {}, {}
+local out, beats = {}, {}
 for i = 1, #ARGV do
   local seq = scores[i]
   if not seq then
     -- Not waiting: admitted already (the stored token, answered again), or never entered.
     local stored = redis.call('GET', KEYS[3 + i])
-    replies[i] = stored and {'ADMITTED', stored} or {'NONE'}
+    if stored then
+      out[#out + 1] = 'ADMITTED'
+      out[#out + 1] = stored
+    else
+      out[#out + 1] = 'NONE'
+    end
   elseif tonumber(seq) <= mark then
-    replies[i] = {'DUE'}
+    out[#out + 1] = 'DUE'
   else
     -- The heartbeat: one bit. The window's bitmap gets its lifetime from enter.lua or the sweep
     -- (which also creates the next window's ahead of time), so a poll only sets the bit.
@@ -36,10 +41,11 @@ for i = 1, #ARGV do
     beats[#beats + 1] = 'u1'
     beats[#beats + 1] = seq
     beats[#beats + 1] = '1'
-    replies[i] = {'WAITING', seq, redis.call('ZRANK', KEYS[1], ARGV[i])}
+    local k = #out
+    out[k + 1], out[k + 2], out[k + 3] = 'WAITING', seq, redis.call('ZRANK', KEYS[1], ARGV[i])
   end
 end
 if #beats > 0 then
   redis.call('BITFIELD', KEYS[3], unpack(beats))
 end
-return replies
+return out

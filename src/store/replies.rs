@@ -101,6 +101,16 @@ pub fn enter_fields(tag: &str) -> Option<usize> {
     }
 }
 
+/// How many fields follow each tag of `poll.lua`'s flat reply.
+pub fn poll_fields(tag: &str) -> Option<usize> {
+    match tag {
+        "WAITING" => Some(2),
+        "ADMITTED" => Some(1),
+        "DUE" | "NONE" => Some(0),
+        _ => None,
+    }
+}
+
 /// One user's `enter.lua` reply (see [`per_user`]): `{"ADMITTED", "expiresAt|token"} |
 /// {"WAITING", seq, rank, opened} | {"FULL"}`, with whether this enter opened an empty waiting
 /// room (`opened` is 1).
@@ -132,7 +142,8 @@ pub enum PollReply {
     Due,
 }
 
-/// `poll.lua`: `{"WAITING", seq, rank} | {"DUE"} | {"ADMITTED", "expiresAt|token"} | {"NONE"}`.
+/// One user's `poll.lua` reply (see [`per_user`]): `{"WAITING", seq, rank} | {"DUE"} |
+/// {"ADMITTED", "expiresAt|token"} | {"NONE"}`.
 pub fn poll(v: Value) -> Result<PollReply, StoreError> {
     let items = reply_array(v, "poll")?;
     if tag(&items) == "DUE" {
@@ -249,6 +260,41 @@ mod tests {
         for bad in [short, unknown, not_a_tag] {
             assert!(matches!(
                 per_user(bad, enter_fields, "enter"),
+                Err(StoreError::Protocol(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn a_flat_poll_reply_decodes_user_by_user() {
+        let flat = vec![
+            "WAITING".into(),
+            "9".into(),
+            Value::Integer(4),
+            "DUE".into(),
+            "ADMITTED".into(),
+            "1700|tok".into(),
+            "NONE".into(),
+        ];
+        let users = per_user(flat, poll_fields, "poll").unwrap();
+        let decoded: Vec<PollReply> = users.into_iter().map(|u| poll(u).unwrap()).collect();
+        assert_eq!(
+            decoded,
+            vec![
+                PollReply::Outcome(PollOutcome::Waiting { seq: 9, ahead: 4 }),
+                PollReply::Due,
+                PollReply::Outcome(PollOutcome::Admitted {
+                    token: "tok".into(),
+                    expires_at: 1700,
+                    waited_ms: None,
+                }),
+                PollReply::Outcome(PollOutcome::NotInQueue),
+            ]
+        );
+        // An enter tag in a poll reply, or a WAITING without its rank: protocol errors.
+        for bad in [vec!["FULL".into()], vec!["WAITING".into(), "9".into()]] {
+            assert!(matches!(
+                per_user(bad, poll_fields, "poll"),
                 Err(StoreError::Protocol(_))
             ));
         }

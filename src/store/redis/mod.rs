@@ -561,7 +561,9 @@ impl QueueStore for RedisStore {
                 Box::pin(async move {
                     let keys = TargetKeys::new(target).poll_keys(window, &users);
                     let argv: Vec<Value> = users.iter().map(|u| u.to_string().into()).collect();
-                    reply_array(caller.eval(&scripts.poll, &keys, &argv).await?, "poll")
+                    let flat =
+                        reply_array(caller.eval(&scripts.poll, &keys, &argv).await?, "poll")?;
+                    replies::per_user(flat, replies::poll_fields, "poll")
                 })
             })
         })
