@@ -20,8 +20,10 @@ use super::{
 use crate::queue::{millis, QueueStats, QueueTarget};
 
 mod fenwick;
+mod waiting;
 
 use fenwick::Fenwick;
+use waiting::Waiting;
 
 #[derive(Debug)]
 struct Waiter {
@@ -45,7 +47,7 @@ struct TargetState {
     /// slot; a compaction drops the slots of seqs that left.
     slots: Vec<u64>,
     live: Fenwick,
-    waiting: HashMap<u64, Waiter>,
+    waiting: Waiting<Waiter>,
     /// (latest heartbeat window, user), stalest first, for eviction.
     by_heartbeat: BTreeSet<(u64, u64)>,
     last_advance_ms: Option<u64>,
