@@ -7,8 +7,22 @@ use fred::prelude::*;
 use super::{Advance, AdvanceOutcome, EnterOutcome, PollOutcome, StoreError};
 use crate::queue::QueueStats;
 
+/// A reply that is not what `what` expects. The error is logged, so it names the value's kind
+/// and size but never a string's bytes: a misaligned reply can put a stored entry token where a
+/// tag or a number belongs.
 pub fn protocol(what: &str, v: &Value) -> StoreError {
-    StoreError::Protocol(format!("{what}: {v:?}"))
+    let got = match v {
+        Value::Integer(i) => format!("the integer {i}"),
+        Value::Double(d) => format!("the number {d}"),
+        Value::Boolean(b) => format!("the boolean {b}"),
+        Value::Null => "nil".to_string(),
+        Value::String(s) => format!("a string of {} bytes", s.len()),
+        Value::Bytes(b) => format!("a string of {} bytes", b.len()),
+        Value::Array(items) => format!("an array of {} values", items.len()),
+        Value::Map(map) => format!("a map of {} entries", map.len()),
+        _ => "an unexpected kind of value".to_string(),
+    };
+    StoreError::Protocol(format!("{what}: unexpected reply, {got}"))
 }
 
 pub fn reply_array(v: Value, what: &str) -> Result<Vec<Value>, StoreError> {
@@ -263,6 +277,29 @@ mod tests {
                 Err(StoreError::Protocol(_))
             ));
         }
+    }
+
+    #[test]
+    fn protocol_errors_never_carry_a_reply_string() {
+        // A stored token where a tag belongs (a misaligned reply): the logged error names its
+        // kind and size only.
+        let token = "1700|eyJzZWNyZXQiOnRydWV9.c2lnbmF0dXJl";
+        let misaligned = vec![token.into()];
+        let Err(StoreError::Protocol(message)) = per_user(misaligned, poll_fields, "poll") else {
+            panic!("a misaligned reply must be a protocol error");
+        };
+        assert!(
+            !message.contains("eyJ") && !message.contains("1700"),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!("{} bytes", token.len())),
+            "{message}"
+        );
+        let Err(StoreError::Protocol(message)) = as_u64(&token.into(), "seq") else {
+            panic!("a token is not a seq");
+        };
+        assert!(!message.contains("eyJ"), "{message}");
     }
 
     #[test]
