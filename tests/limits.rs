@@ -72,6 +72,11 @@ fn a_silent_connection_is_closed_after_the_first_byte_timeout() {
     assert!(closed_within(&mut s, Duration::from_secs(3)));
     let took = t.elapsed();
     assert!(took >= Duration::from_millis(250), "{took:?}");
+    assert!(wait_until(Duration::from_secs(2), || gw
+        .metrics()
+        .contains(
+            "vq_gateway_connections_refused_total{reason=\"first_byte_timeout\"} 1"
+        )));
     // A kept-alive connection idles for keepalive_idle_s, not the first-byte timeout.
     let mut c = gw.raw();
     assert_eq!(c.get("/a", &[]).unwrap().status, 200);
@@ -266,4 +271,49 @@ fn the_idle_bound_spares_a_slow_request_and_ends_a_trickled_header() {
     );
     let seen: Vec<String> = up.requests().into_iter().map(|r| r.target).collect();
     assert_eq!(seen, vec!["/slow".to_string()]);
+}
+
+#[test]
+fn a_first_request_header_trickled_past_the_first_byte_timeout_ends_the_connection() {
+    let up = Upstream::start();
+    let mut cfg = test_config(up.addr);
+    cfg.server.first_byte_timeout_ms = 800;
+    let gw = GatewayProc::start(cfg);
+    let mut s = TcpStream::connect(gw.listen).unwrap();
+    let t = Instant::now();
+    // Every read brings bytes, but the whole first header does not arrive within the bound.
+    s.write_all(b"GET /trickled HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let mut ended = false;
+    for i in 0..20 {
+        if ended_within(&mut s, Duration::from_millis(200)) {
+            ended = true;
+            break;
+        }
+        if s.write_all(format!("X-F{i}: v\r\n").as_bytes()).is_err() {
+            ended = true;
+            break;
+        }
+    }
+    let took = t.elapsed();
+    assert!(
+        ended,
+        "a first header trickled for {took:?} kept the connection"
+    );
+    assert!(
+        took >= Duration::from_millis(700) && took <= Duration::from_millis(2500),
+        "ended after {took:?}, not about 0.8 s"
+    );
+    assert_eq!(up.count(), 0);
+    assert!(gw
+        .metrics()
+        .contains("vq_gateway_connections_refused_total{reason=\"first_byte_timeout\"} 1"));
+    // A first header that arrives in time is served, and its connection then idles for
+    // keepalive_idle_s.
+    let mut c = gw.raw();
+    assert_eq!(c.get("/a", &[]).unwrap().status, 200);
+    let port = c.local_port();
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(c.get("/b", &[]).unwrap().status, 200);
+    assert_eq!(c.local_port(), port, "the kept-alive connection was closed");
 }

@@ -127,7 +127,7 @@ pub struct ServerSection {
     pub log_format: LogFormat,
     /// Connections served at once; one beyond is closed at once.
     pub max_connections: u64,
-    /// A new connection must send its first byte within this, ms.
+    /// A new connection must deliver its whole first request header within this, ms.
     pub first_byte_timeout_ms: u64,
     /// Request line plus headers, bytes; larger requests get 431.
     pub max_header_bytes: u64,

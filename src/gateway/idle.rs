@@ -1,5 +1,7 @@
-//! The keep-alive idle bound of the public listener (`server.keepalive_idle_s`), kept per
-//! connection instead of per request.
+//! The idle bounds of the public listener, kept per connection instead of per request: a new
+//! connection must deliver its first request's header within `server.first_byte_timeout_ms`, and
+//! a kept-alive one the next request's header within `server.keepalive_idle_s` of the last
+//! request's end.
 //!
 //! Pingora bounds a keep-alive wait by wrapping every read of a request header in its own
 //! timeout: one timer armed and dropped per request (about 2,000 instructions, measured). Here
@@ -10,10 +12,14 @@
 //! when the timer fires early (a request came and went since it was set). So the cost per request
 //! is two atomic stores and a timer poll.
 //!
-//! The bound: once the last request ended, the next request's header must arrive in full
-//! within the idle time, or the connection is closed (a clean end of stream, so Pingora closes it
-//! as a client that went away). While a request is in progress the bound does not apply, as with
-//! Pingora's own: the upstream and body timeouts cover that time.
+//! The bound: from the accept, the first request's header must arrive in full within the first
+//! bound; once a request ended, the next request's header must arrive in full within the idle
+//! time; otherwise the connection is closed (a clean end of stream, so Pingora closes it as a
+//! client that went away). While a request is in progress no bound applies, as with Pingora's
+//! own: the upstream and body timeouts cover that time.
+//!
+//! The wrapper also holds the connection's place in the listener's count ([`Counted`]), so the
+//! count falls when the socket is dropped, however the connection ends.
 
 use std::fmt;
 use std::future::Future;
@@ -37,15 +43,28 @@ use tokio::time::Sleep;
 
 /// `idle_since` while a request is in progress.
 const BUSY: u64 = u64::MAX;
+/// `idle_since` from the accept until the first request starts: the first bound applies.
+const FRESH: u64 = u64::MAX - 1;
+
+/// A connection's place in its listener's count of open connections, given back on drop; and
+/// the counter of connections closed because their first request did not arrive in time.
+pub trait Counted: Send + Sync {
+    /// The first request's header did not arrive within the first bound.
+    fn first_request_late(&self);
+}
 
 /// A connection's stream, closed when it idles between requests for longer than the bound.
 pub struct IdleBound {
     inner: Stream,
     /// When the connection was accepted; `idle_since` counts nanoseconds from here.
     origin: Instant,
+    /// How long the first request's header may take to arrive, from `origin`.
+    first: Duration,
     idle: Duration,
-    /// Nanoseconds from `origin` to the end of the last request, or [`BUSY`].
+    /// Nanoseconds from `origin` to the end of the last request, or [`BUSY`] or [`FRESH`].
     idle_since: AtomicU64,
+    /// The connection's place in the listener's count, held as long as the socket.
+    counted: Option<Box<dyn Counted>>,
     /// The one timer of this connection, set on the first idle wait.
     timer: Option<Armed>,
     /// The bound was reached: every later read ends the stream.
@@ -53,13 +72,21 @@ pub struct IdleBound {
 }
 
 impl IdleBound {
-    /// Wraps a stream accepted now; it is idle from now.
-    pub fn new(inner: Stream, idle: Duration) -> IdleBound {
+    /// Wraps a stream accepted now: its first request's header must arrive within `first`, each
+    /// later one within `idle` of the previous request's end. `counted` is dropped with it.
+    pub fn new(
+        inner: Stream,
+        first: Duration,
+        idle: Duration,
+        counted: Option<Box<dyn Counted>>,
+    ) -> IdleBound {
         IdleBound {
             inner,
             origin: Instant::now(),
+            first,
             idle,
-            idle_since: AtomicU64::new(0),
+            idle_since: AtomicU64::new(FRESH),
+            counted,
             timer: None,
             expired: false,
         }
@@ -83,9 +110,11 @@ impl IdleBound {
     /// The request ended at `now`: the connection idles from then.
     pub fn idle_from(&self, now: Instant) {
         let nanos = now.saturating_duration_since(self.origin).as_nanos();
-        // A connection open for 584 years stays busy; nothing else reaches BUSY.
-        self.idle_since
-            .store(u64::try_from(nanos).unwrap_or(BUSY - 1), Ordering::Relaxed);
+        // A connection open for 584 years stays idle from then; nothing else reaches FRESH.
+        self.idle_since.store(
+            u64::try_from(nanos).map_or(FRESH - 1, |n| n.min(FRESH - 1)),
+            Ordering::Relaxed,
+        );
     }
 
     /// Whether the connection has idled past the bound. Called when a read would wait; arms
@@ -97,6 +126,7 @@ impl IdleBound {
         }
         let IdleBound {
             origin,
+            first,
             idle,
             timer,
             ..
@@ -107,7 +137,13 @@ impl IdleBound {
                 return false;
             }
         }
-        let end = || tokio::time::Instant::from_std(*origin + Duration::from_nanos(since) + *idle);
+        let end = || {
+            tokio::time::Instant::from_std(if since == FRESH {
+                *origin + *first
+            } else {
+                *origin + Duration::from_nanos(since) + *idle
+            })
+        };
         let t = timer.get_or_insert_with(|| Armed {
             sleep: Box::pin(tokio::time::sleep_until(end())),
             waker: cx.waker().clone(),
@@ -140,6 +176,7 @@ impl fmt::Debug for IdleBound {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdleBound")
             .field("inner", &self.inner)
+            .field("first", &self.first)
             .field("idle", &self.idle)
             .field("expired", &self.expired)
             .finish()
@@ -160,6 +197,11 @@ impl AsyncRead for IdleBound {
         if read.is_pending() && this.idled_out(cx) {
             // End of stream, as if the client had closed: Pingora ends the connection.
             this.expired = true;
+            if this.idle_since.load(Ordering::Relaxed) == FRESH {
+                if let Some(c) = &this.counted {
+                    c.first_request_late();
+                }
+            }
             return Poll::Ready(Ok(()));
         }
         read

@@ -3,23 +3,29 @@
 //! - at most `max_connections` connections are served at once; one beyond is closed at once
 //!   (a clean close, nothing read) instead of holding memory (each keep-alive connection costs
 //!   buffers; 3,000 idle ones were 284 MB);
-//! - a new connection must send its first byte within `first_byte_timeout` (an idle socket
-//!   opened and left is closed; Pingora's own per-read timeout covers the rest of the header);
-//! - a kept-alive connection idles at most `keepalive_idle` between requests ([`IdleBound`]).
+//! - a new connection must deliver its first request's header within `first_byte_timeout` (an
+//!   idle socket opened and left, or a header trickled byte by byte, is closed), and a kept-alive
+//!   one the next request's header within `keepalive_idle` ([`IdleBound`] keeps both bounds).
 //!
 //! Pingora's HTTP app serves all requests of a keep-alive connection inside one `process_new`
-//! call, so the calls in flight are the open connections.
+//! call. This wrapper does its work before that call and hands back the app's own future, so
+//! the connection's task polls the app directly: a wrapping future would be one more level on
+//! every wake-up of every request (about 0.14 µs of CPU per proxied request, measured with
+//! `perf`). The connection's place in the count lives in its stream, so it is given back when
+//! the socket is dropped, however the connection ends.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use pingora::apps::ServerApp;
 use pingora::protocols::Stream;
 use pingora::server::ShutdownWatch;
+use prometheus::{IntCounter, IntGauge};
 
-use super::idle::IdleBound;
+use super::idle::{Counted, IdleBound};
 use crate::metrics::Metrics;
 
 pub struct ConnectionLimit<A> {
@@ -27,8 +33,40 @@ pub struct ConnectionLimit<A> {
     max_connections: usize,
     first_byte_timeout: Duration,
     keepalive_idle: Duration,
-    open: AtomicUsize,
-    metrics: Metrics,
+    open: Arc<OpenCount>,
+    refused_max: IntCounter,
+}
+
+/// The listener's count of open connections and its metrics.
+struct OpenCount {
+    count: AtomicUsize,
+    gauge: IntGauge,
+    refused_late: IntCounter,
+}
+
+/// One open connection, counted until it is dropped.
+struct Open(Arc<OpenCount>);
+
+impl Open {
+    /// Counts a new connection; the count with it.
+    fn take(count: &Arc<OpenCount>) -> (Open, usize) {
+        let open = count.count.fetch_add(1, Ordering::AcqRel) + 1;
+        count.gauge.set(open as i64);
+        (Open(count.clone()), open)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        let left = self.0.count.fetch_sub(1, Ordering::AcqRel) - 1;
+        self.0.gauge.set(left as i64);
+    }
+}
+
+impl Counted for Open {
+    fn first_request_late(&self) {
+        self.0.refused_late.inc();
+    }
 }
 
 impl<A> ConnectionLimit<A> {
@@ -39,65 +77,70 @@ impl<A> ConnectionLimit<A> {
         keepalive_idle: Duration,
         metrics: Metrics,
     ) -> ConnectionLimit<A> {
+        let refused = &metrics.refused_connections;
         ConnectionLimit {
             inner: Arc::new(inner),
             max_connections: max_connections.max(1),
             first_byte_timeout,
             keepalive_idle,
-            open: AtomicUsize::new(0),
-            metrics,
+            open: Arc::new(OpenCount {
+                count: AtomicUsize::new(0),
+                gauge: metrics.connections.clone(),
+                refused_late: refused.with_label_values(&["first_byte_timeout"]),
+            }),
+            refused_max: refused.with_label_values(&["max_connections"]),
         }
     }
 
-    fn refuse(&self, reason: &str) -> Option<Stream> {
-        self.metrics
-            .refused_connections
-            .with_label_values(&[reason])
-            .inc();
-        None
+    /// The stream to serve, bounded and counted; `None` refuses the connection (closed unread).
+    fn admit(&self, stream: Stream) -> Option<Stream> {
+        if (*stream).as_any().is::<IdleBound>() {
+            // Handed back by the app for another round: already counted and bounded.
+            return Some(stream);
+        }
+        let (counted, open) = Open::take(&self.open);
+        if open > self.max_connections {
+            self.refused_max.inc();
+            return None;
+        }
+        Some(Box::new(IdleBound::new(
+            stream,
+            self.first_byte_timeout,
+            self.keepalive_idle,
+            Some(Box::new(counted)),
+        )))
     }
 }
 
-/// One open connection, counted until its call ends, however it ends.
-struct Open<'a, A>(&'a ConnectionLimit<A>);
-
-impl<A> Drop for Open<'_, A> {
-    fn drop(&mut self) {
-        let left = self.0.open.fetch_sub(1, Ordering::AcqRel) - 1;
-        self.0.metrics.connections.set(left as i64);
-    }
-}
-
-#[async_trait]
+/// `ServerApp` by hand (the trait is `async_trait`'s): `process_new` returns the app's future
+/// itself instead of a future that awaits it.
 impl<A> ServerApp for ConnectionLimit<A>
 where
     A: ServerApp + Send + Sync + 'static,
 {
-    async fn process_new(
-        self: &Arc<Self>,
-        mut stream: Stream,
-        shutdown: &ShutdownWatch,
-    ) -> Option<Stream> {
-        let open = self.open.fetch_add(1, Ordering::AcqRel) + 1;
-        let _counted = Open(self.as_ref());
-        self.metrics.connections.set(open as i64);
-        if open > self.max_connections {
-            return self.refuse("max_connections");
+    fn process_new<'life0, 'life1, 'async_trait>(
+        self: &'life0 Arc<Self>,
+        stream: Stream,
+        shutdown: &'life1 ShutdownWatch,
+    ) -> Pin<Box<dyn Future<Output = Option<Stream>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        match self.admit(stream) {
+            Some(stream) => self.inner.process_new(stream, shutdown),
+            None => Box::pin(std::future::ready(None)),
         }
-        let mut first = [0u8; 1];
-        match tokio::time::timeout(self.first_byte_timeout, stream.try_peek(&mut first)).await {
-            // Data arrived, or this stream cannot peek (then Pingora's read timeout applies).
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) => return None,
-            Err(_) => return self.refuse("first_byte_timeout"),
-        }
-        // Pingora's HTTP app serves every request of a keep-alive connection inside this call,
-        // so one call is one connection.
-        let stream: Stream = Box::new(IdleBound::new(stream, self.keepalive_idle));
-        self.inner.process_new(stream, shutdown).await
     }
 
-    async fn cleanup(&self) {
-        self.inner.cleanup().await
+    fn cleanup<'life0, 'async_trait>(
+        &'life0 self,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.inner.cleanup()
     }
 }
