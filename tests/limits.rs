@@ -317,3 +317,27 @@ fn a_first_request_header_trickled_past_the_first_byte_timeout_ends_the_connecti
     assert_eq!(c.get("/b", &[]).unwrap().status, 200);
     assert_eq!(c.local_port(), port, "the kept-alive connection was closed");
 }
+
+#[test]
+fn a_longer_first_request_bound_does_not_stretch_the_keep_alive_bound() {
+    let up = Upstream::start();
+    let mut cfg = test_config(up.addr);
+    cfg.server.first_byte_timeout_ms = 6_000;
+    cfg.server.keepalive_idle_s = 1;
+    let gw = GatewayProc::start(cfg);
+    let mut s = TcpStream::connect(gw.listen).unwrap();
+    // The gateway waits for the first request (its bound, 6 s, armed) before it comes.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(exchange(&mut s, "/a", ""), 200);
+    // Then the connection idles: the keep-alive bound (1 s) ends it, not the first one.
+    let t = Instant::now();
+    assert!(
+        ended_within(&mut s, Duration::from_secs(4)),
+        "the idle connection stayed open"
+    );
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(850) && took <= Duration::from_millis(2500),
+        "closed after {took:?} idle, not about 1 s"
+    );
+}

@@ -131,25 +131,29 @@ impl IdleBound {
             timer,
             ..
         } = self;
-        // The common case, once per request: the timer waits, set for this task.
+        let end = tokio::time::Instant::from_std(if since == FRESH {
+            *origin + *first
+        } else {
+            *origin + Duration::from_nanos(since) + *idle
+        });
+        // The common case, once per request: the timer waits, set for this task, and fires no
+        // later than this wait's end (if earlier, it is moved when it fires).
         if let Some(t) = timer {
-            if !t.sleep.is_elapsed() && t.waker.will_wake(cx.waker()) {
+            if !t.sleep.is_elapsed() && t.waker.will_wake(cx.waker()) && t.sleep.deadline() <= end {
                 return false;
             }
         }
-        let end = || {
-            tokio::time::Instant::from_std(if since == FRESH {
-                *origin + *first
-            } else {
-                *origin + Duration::from_nanos(since) + *idle
-            })
-        };
         let t = timer.get_or_insert_with(|| Armed {
-            sleep: Box::pin(tokio::time::sleep_until(end())),
+            sleep: Box::pin(tokio::time::sleep_until(end)),
             waker: cx.waker().clone(),
         });
         if !t.waker.will_wake(cx.waker()) {
             t.waker = cx.waker().clone();
+        }
+        if t.sleep.deadline() > end {
+            // Set for a later end than this wait's: the first request's bound, longer than the
+            // keep-alive one and armed while the connection waited for its first request.
+            t.sleep.as_mut().reset(end);
         }
         loop {
             if t.sleep.as_mut().poll(cx).is_pending() {
@@ -157,7 +161,6 @@ impl IdleBound {
             }
             // The timer fired. Its deadline may be an earlier idle period's: move it to this
             // one's end, unless that has passed too.
-            let end = end();
             if t.sleep.deadline() >= end {
                 return true;
             }
