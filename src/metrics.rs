@@ -68,7 +68,8 @@ pub struct Metrics {
     pub store_calls: IntCounterVec,
     /// `vq_gateway_connections`: public connections being served.
     pub connections: IntGauge,
-    /// `vq_gateway_connections_refused_total{reason}`: `max_connections`, `first_byte_timeout`.
+    /// `vq_gateway_connections_refused_total{reason}`: `max_connections`, `first_byte_timeout`
+    /// (the first request's header did not arrive in full within `server.first_byte_timeout_ms`).
     pub refused_connections: IntCounterVec,
     pub targets: std::sync::Arc<TargetLabels>,
     /// Tells this registry's cached children (`Hot`) from another's on the same thread.
