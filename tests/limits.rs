@@ -205,6 +205,19 @@ fn ended_within(s: &mut TcpStream, timeout: Duration) -> bool {
     }
 }
 
+/// Sends a request header on `s` a field at a time, one every `step`, at most `fields` of them,
+/// never its end; whether the server ended the connection meanwhile.
+fn trickle_header(s: &mut TcpStream, fields: usize, step: Duration) -> bool {
+    s.write_all(b"GET /trickled HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    for i in 0..fields {
+        if ended_within(s, step) || s.write_all(format!("X-F{i}: v\r\n").as_bytes()).is_err() {
+            return true;
+        }
+    }
+    false
+}
+
 #[test]
 fn a_kept_alive_connection_is_closed_once_idle_for_keepalive_idle_s_after_its_last_request() {
     let up = Upstream::start();
@@ -250,19 +263,7 @@ fn the_idle_bound_spares_a_slow_request_and_ends_a_trickled_header() {
     // The next request's header, sent a field at a time: every read brings a byte, but the
     // whole header does not arrive within the bound, so the connection ends.
     let t = Instant::now();
-    s.write_all(b"GET /trickled HTTP/1.1\r\nHost: x\r\n")
-        .unwrap();
-    let mut ended = false;
-    for i in 0..16 {
-        if ended_within(&mut s, Duration::from_millis(250)) {
-            ended = true;
-            break;
-        }
-        if s.write_all(format!("X-F{i}: v\r\n").as_bytes()).is_err() {
-            ended = true;
-            break;
-        }
-    }
+    let ended = trickle_header(&mut s, 16, Duration::from_millis(250));
     let took = t.elapsed();
     assert!(ended, "a header trickled for {took:?} kept the connection");
     assert!(
@@ -282,19 +283,7 @@ fn a_first_request_header_trickled_past_the_first_byte_timeout_ends_the_connecti
     let mut s = TcpStream::connect(gw.listen).unwrap();
     let t = Instant::now();
     // Every read brings bytes, but the whole first header does not arrive within the bound.
-    s.write_all(b"GET /trickled HTTP/1.1\r\nHost: x\r\n")
-        .unwrap();
-    let mut ended = false;
-    for i in 0..20 {
-        if ended_within(&mut s, Duration::from_millis(200)) {
-            ended = true;
-            break;
-        }
-        if s.write_all(format!("X-F{i}: v\r\n").as_bytes()).is_err() {
-            ended = true;
-            break;
-        }
-    }
+    let ended = trickle_header(&mut s, 20, Duration::from_millis(200));
     let took = t.elapsed();
     assert!(
         ended,
