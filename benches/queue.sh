@@ -44,28 +44,32 @@ echo "warming up..." >&2
 wrk -t1 -c8 -d2s -s benches/wrk/enter.lua "http://127.0.0.1:$GW_mem/virtual-queues/limited-drop/42/entries" >/dev/null
 wrk -t1 -c8 -d2s -s benches/wrk/enter.lua "http://127.0.0.1:$GW_redis/virtual-queues/limited-drop/42/entries" >/dev/null
 
+# The share of the machine's CPU time left idle during a run (idle + iowait over all, /proc/stat).
+cpu_idle() { awk '/^cpu / { print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat; }
+idle_share() { python3 -c "a = '$1'.split(); b = '$2'.split(); print(f'{(int(b[0]) - int(a[0])) * 100 / max(1, int(b[1]) - int(a[1])):.0f}')"; }
 # CPU per request (µs): what one process spent during a run, over the requests the run made.
 us_per() { python3 -c "print(f'{($2 - $1) * 1000 / max(1, $3):.0f}')"; }
-pair() { # path script -> "mem line|redis line|redis commands per call|CPU µs per call: gw mem|gw redis|redis"
-  local mem=() red=() g_mem=() g_red=() r_red=() c0 c1 a0 a1 b0 b1 line
+pair() { # path script -> "mem line|redis line|redis commands per call|CPU µs per call: gw mem|gw redis|redis|idle %: mem|redis"
+  local mem=() red=() g_mem=() g_red=() r_red=() i_mem=() i_red=() c0 c1 a0 a1 b0 b1 line s0
   for _ in $(seq "$ROUNDS"); do
-    a0=$(cpu_ms "$PID_mem")
+    a0=$(cpu_ms "$PID_mem"); s0=$(cpu_idle)
     line=$(run_wrk "http://127.0.0.1:$GW_mem$1" "$2")
-    a1=$(cpu_ms "$PID_mem")
+    a1=$(cpu_ms "$PID_mem"); i_mem+=("$(idle_share "$s0" "$(cpu_idle)")")
     mem+=("$line"); g_mem+=("$(us_per "$a0" "$a1" "$(echo "$line" | cut -d' ' -f5)")")
-    c0=$(calls); a0=$(cpu_ms "$PID_redis"); b0=$(cpu_ms "$REDIS_PID")
+    c0=$(calls); a0=$(cpu_ms "$PID_redis"); b0=$(cpu_ms "$REDIS_PID"); s0=$(cpu_idle)
     line=$(run_wrk "http://127.0.0.1:$GW_redis$1" "$2")
     c1=$(calls); a1=$(cpu_ms "$PID_redis"); b1=$(cpu_ms "$REDIS_PID")
+    i_red+=("$(idle_share "$s0" "$(cpu_idle)")")
     red+=("$line")
     n=$(echo "$line" | cut -d' ' -f5)
     g_red+=("$(us_per "$a0" "$a1" "$n")"); r_red+=("$(us_per "$b0" "$b1" "$n")")
     PER=$(per_call "$c0" "$c1" "$n")
   done
-  echo "$(printf '%s\n' "${mem[@]}" | median)|$(printf '%s\n' "${red[@]}" | median)|$PER|$(printf '%s\n' "${g_mem[@]}" | median)|$(printf '%s\n' "${g_red[@]}" | median)|$(printf '%s\n' "${r_red[@]}" | median)"
+  echo "$(printf '%s\n' "${mem[@]}" | median)|$(printf '%s\n' "${red[@]}" | median)|$PER|$(printf '%s\n' "${g_mem[@]}" | median)|$(printf '%s\n' "${g_red[@]}" | median)|$(printf '%s\n' "${r_red[@]}" | median)|$(printf '%s\n' "${i_mem[@]}" | median)|$(printf '%s\n' "${i_red[@]}" | median)"
 }
-IFS='|' read -r ME RE E_CMDS E_GM E_GR E_R <<<"$(pair /virtual-queues/limited-drop/42/entries benches/wrk/enter.lua)"
-IFS='|' read -r MN RN N_CMDS N_GM N_GR N_R <<<"$(pair /virtual-queues/limited-drop/42/entries benches/wrk/enter_new.lua)"
-IFS='|' read -r MP RPL P_CMDS P_GM P_GR P_R <<<"$(pair /virtual-queues/limited-drop/42/entries/me benches/wrk/poll.lua)"
+IFS='|' read -r ME RE E_CMDS E_GM E_GR E_R E_IM E_IR <<<"$(pair /virtual-queues/limited-drop/42/entries benches/wrk/enter.lua)"
+IFS='|' read -r MN RN N_CMDS N_GM N_GR N_R N_IM N_IR <<<"$(pair /virtual-queues/limited-drop/42/entries benches/wrk/enter_new.lua)"
+IFS='|' read -r MP RPL P_CMDS P_GM P_GR P_R P_IM P_IR <<<"$(pair /virtual-queues/limited-drop/42/entries/me benches/wrk/poll.lua)"
 read -r me_rps me_p50 me_p99 _ _ <<<"$ME"; read -r re_rps re_p50 re_p99 re_bad _ <<<"$RE"
 read -r mn_rps mn_p50 mn_p99 _ _ <<<"$MN"; read -r rn_rps rn_p50 rn_p99 rn_bad _ <<<"$RN"
 read -r mp_rps mp_p50 mp_p99 _ _ <<<"$MP"; read -r rp_rps rp_p50 rp_p99 _ rp_total <<<"$RPL"
@@ -96,12 +100,13 @@ interleaved runs; gateways: release build, $GW_THREADS proxy threads each; redis
 | enter, random users 1..100000 (re-entries dominate) | $me_rps | $re_rps | $(ratio "$re_rps" "$me_rps") | $rb_enter | $(ratio "$re_rps" "$rb_enter") | $E_CMDS | $re_p50 / $re_p99 | $me_p50 / $me_p99 |
 | poll | $mp_rps | $rp_rps | $(ratio "$rp_rps" "$mp_rps") | $rb_poll | $(ratio "$rp_rps" "$rb_poll") | $P_CMDS | $rp_p50 / $rp_p99 | $mp_p50 / $mp_p99 |
 
-CPU per request (µs, user + system, median run): where the cores go.
+CPU per request (µs, user + system, median run): where the cores go; and the share of the
+machine's CPU time left idle during the runs (median, %): work waiting on a round trip.
 
-| workload | gateway on the memory store | gateway on Redis | Redis server | gateway Redis / memory |
-|---|---|---|---|---|
-| enter, first entries | $N_GM | $N_GR | $N_R | $(ratio "$N_GR" "$N_GM") |
-| enter, random users | $E_GM | $E_GR | $E_R | $(ratio "$E_GR" "$E_GM") |
-| poll | $P_GM | $P_GR | $P_R | $(ratio "$P_GR" "$P_GM") |
+| workload | gateway on the memory store | gateway on Redis | Redis server | gateway Redis / memory | idle %, memory store runs | idle %, Redis store runs |
+|---|---|---|---|---|---|---|
+| enter, first entries | $N_GM | $N_GR | $N_R | $(ratio "$N_GR" "$N_GM") | $N_IM | $N_IR |
+| enter, random users | $E_GM | $E_GR | $E_R | $(ratio "$E_GR" "$E_GM") | $E_IM | $E_IR |
+| poll | $P_GM | $P_GR | $P_R | $(ratio "$P_GR" "$P_GM") | $P_IM | $P_IR |
 Non-2xx: enter $re_bad, first entries $rn_bad (both should be 0); polls of users the enter runs never drew answer 404.
 TABLE

@@ -7,6 +7,6 @@ NOW=1800000000000
 ALIVE="${K}alive:$((NOW / 15000))"
 case $1 in
   enter) echo "9 $KEYS7 $ALIVE ${K}token:__rand_int__ $NOW 10000000 1800000 210000 __rand_int__" ;;
-  poll)  echo "4 ${K}waiting ${K}admitted_count $ALIVE ${K}token:__rand_int__ __rand_int__" ;;
+  poll)  echo "3 ${K}waiting ${K}admitted_count $ALIVE __rand_int__" ;;
   *) echo "unknown script $1" >&2; exit 64 ;;
 esac

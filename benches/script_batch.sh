@@ -30,8 +30,7 @@ args() {
       for i in $(seq "$USERS"); do printf ' %s' "${k}token:__rand_int__"; done
       printf ' %s' 1800000000000 100000000 1800000 210000 ;;
     poll)
-      printf '%s' "$((3 + USERS)) ${k}waiting ${k}admitted_count ${k}alive:120000"
-      for i in $(seq "$USERS"); do printf ' %s' "${k}token:__rand_int__"; done ;;
+      printf '%s' "3 ${k}waiting ${k}admitted_count ${k}alive:120000" ;;
     *) echo "unknown SCRIPT $SCRIPT" >&2; exit 64 ;;
   esac
   for i in $(seq "$USERS"); do printf ' %s' "__rand_int__"; done

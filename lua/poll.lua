@@ -8,9 +8,12 @@
 -- extend the target's key TTL: enter, every admission step (advance.lua) and issue.lua do, so a
 -- target with waiting users keeps its keys while its pump runs.
 --
--- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:admitted_count, KEYS[3] queue:{T}:alive:{window},
--- KEYS[3+i] queue:{T}:token:{userId i}
+-- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:admitted_count, KEYS[3] queue:{T}:alive:{window}
 -- ARGV[i] userId i
+-- A user who is not waiting has its token read from queue:{T}:token:{userId}, a key named here
+-- from KEYS[1]'s prefix rather than passed: only such users (a few) need it, and passing every
+-- user's token key cost each call's users a key of ~35 bytes to send, parse and convert. It has
+-- the hash tag of KEYS[1], so it is in the same cluster slot.
 -- Reply: one flat array holding each user's reply in order, a tag and its fields (as enter.lua):
 --   "WAITING", seq, rank | "DUE" | "ADMITTED", "expiresAt|token" | "NONE"
 --
@@ -19,13 +22,14 @@
 -- instead of failing it open; new enters (enter.lua, no allow-oom) are refused.
 
 local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV))
+local token_prefix = string.match(KEYS[1], '^(.*)waiting$') .. 'token:'
 local mark = tonumber(redis.call('GET', KEYS[2]) or '0')
 local out, beats = {}, {}
 for i = 1, #ARGV do
   local seq = scores[i]
   if not seq then
     -- Not waiting: admitted already (the stored token, answered again), or never entered.
-    local stored = redis.call('GET', KEYS[3 + i])
+    local stored = redis.call('GET', token_prefix .. ARGV[i])
     if stored then
       out[#out + 1] = 'ADMITTED'
       out[#out + 1] = stored

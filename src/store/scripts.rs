@@ -163,16 +163,14 @@ impl TargetKeys {
         keys
     }
 
-    /// KEYS of poll.lua for `users` (in order): waiting, admitted_count, the heartbeat window's
-    /// bitmap, then each user's token key.
-    pub fn poll_keys(&self, window: u64, users: &[u64]) -> Vec<String> {
-        let mut keys = vec![
+    /// KEYS of poll.lua: waiting, admitted_count and the heartbeat window's bitmap (the script
+    /// names a user's token key itself, from the waiting key's prefix).
+    pub fn poll_keys(&self, window: u64) -> Vec<String> {
+        vec![
             self.of(Key::Waiting),
             self.of(Key::AdmittedCount),
             self.of(Key::Alive(window)),
-        ];
-        keys.extend(users.iter().map(|u| self.of(Key::Token(*u))));
-        keys
+        ]
     }
 
     /// KEYS of issue.lua: the shared seven, the user's token key, and the bitmap of the

@@ -559,7 +559,7 @@ impl QueueStore for RedisStore {
             let (caller, scripts) = (self.caller.clone(), self.scripts.clone());
             Box::new(move |users, _now_ms| {
                 Box::pin(async move {
-                    let keys = TargetKeys::new(target).poll_keys(window, &users);
+                    let keys = TargetKeys::new(target).poll_keys(window);
                     let argv: Vec<Value> = users.iter().map(|u| u.to_string().into()).collect();
                     let flat =
                         reply_array(caller.eval(&scripts.poll, &keys, &argv).await?, "poll")?;
