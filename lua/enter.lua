@@ -4,8 +4,9 @@
 -- them as one call (`store/redis/batch.rs`). The answers are those of the same enters made one
 -- after another in the order given: concurrent duplicate enters of one user get one seq and waste
 -- none, and the capacity check cannot race the INCRBY. The commands are per call, not per user
--- (MGET, ZMSCORE, one INCRBY, one ZADD, one BITFIELD per bitmap), except ZRANK for a user who
--- was already waiting; the bits of the new users' consecutive seqs are written as runs.
+-- (ZMSCORE, MGET of the tokens of the users not waiting, one INCRBY, one ZADD, one BITFIELD per
+-- bitmap), except ZRANK for a user who was already waiting; the bits of the new users'
+-- consecutive seqs are written as runs.
 --
 -- KEYS[1] queue:{T}:waiting         ZSET userId -> seq
 -- KEYS[2] queue:{T}:queued          bitmap by seq: 1 while that seq waits (for the sweep)
@@ -18,9 +19,13 @@
 -- KEYS[7] queue:{T}:advances        LIST of "ms:admitted_count" samples
 -- KEYS[8] queue:{T}:alive:{window}  bitmap by seq: heartbeats of the current window (the window
 --                                    is the caller's: now / (heartbeat timeout / 4))
--- KEYS[8+i] queue:{T}:token:{userId i}  STRING "expiresAt|token"
 -- ARGV[1] now (ms), ARGV[2] capacity, ARGV[3] key TTL (ms), ARGV[4] TTL of a window's bitmap
 -- (ms), ARGV[4+i] userId i
+-- A user's token (STRING "expiresAt|token") is at queue:{T}:token:{userId}, a key named here from
+-- KEYS[1]'s prefix rather than passed (it has KEYS[1]'s hash tag, so it is in the same cluster
+-- slot), and read only for the users not waiting: a user still waiting holds no token (issue.lua
+-- stores a token and takes its user out of the waiting set in one step). Passing every user's
+-- token key cost each call a key of ~35 bytes per user to send, parse and convert, and a lookup.
 -- Reply: one flat array holding each user's reply in order, a tag and its fields:
 --   "ADMITTED", "expiresAt|token" | "WAITING", seq, rank, opened | "FULL"
 --   (one array, not a table per user: Redis converts the values of one array for less than the
@@ -43,8 +48,21 @@ for i = 1, n do
   users[i] = ARGV[4 + i]
 end
 
-local stored = redis.call('MGET', unpack(KEYS, 9, 8 + n))
 local scores = redis.call('ZMSCORE', KEYS[1], unpack(users))
+local token_prefix = string.match(KEYS[1], '^(.*)waiting$') .. 'token:'
+local stored, asked, at = {}, {}, {}
+for i = 1, n do
+  if not scores[i] then
+    at[#at + 1] = i
+    asked[#asked + 1] = token_prefix .. users[i]
+  end
+end
+if #asked > 0 then
+  local got = redis.call('MGET', unpack(asked))
+  for j = 1, #asked do
+    stored[at[j]] = got[j]
+  end
+end
 local waiting = redis.call('ZCARD', KEYS[1])
 local before = waiting
 

@@ -4,7 +4,8 @@
 -- to both: a token stored already wins over the caller's candidate. Takes the user out of the
 -- waiting set and the queued bitmap, records the wait, and refreshes the target's key TTL.
 --
--- KEYS[1..9] as in poll.lua
+-- KEYS[1..7] the target's shared keys (as enter.lua), KEYS[8] queue:{T}:token:{userId},
+-- KEYS[9] queue:{T}:alive:{window}
 -- ARGV[1] userId, ARGV[2] now (ms), ARGV[3] candidate "expiresAt|token", ARGV[4] token TTL (s),
 -- ARGV[5] key TTL (ms), ARGV[6] how many wait samples to keep
 -- Reply: {"ADMITTED", "expiresAt|token"[, waited ms when this call issued it]}

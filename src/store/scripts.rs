@@ -154,12 +154,11 @@ impl TargetKeys {
         .collect()
     }
 
-    /// KEYS of enter.lua for `users` (in order): the shared seven, the bitmap of the heartbeat
-    /// window the call falls in, then each user's token key.
-    pub fn enter_keys(&self, window: u64, users: &[u64]) -> Vec<String> {
+    /// KEYS of enter.lua: the shared seven and the bitmap of the heartbeat window the call falls
+    /// in (the script names a user's token key itself, from the waiting key's prefix).
+    pub fn enter_keys(&self, window: u64) -> Vec<String> {
         let mut keys = self.shared_keys();
         keys.push(self.of(Key::Alive(window)));
-        keys.extend(users.iter().map(|u| self.of(Key::Token(*u))));
         keys
     }
 

@@ -512,7 +512,7 @@ impl QueueStore for RedisStore {
             let window_ttl = self.liveness.key_ttl_ms();
             Box::new(move |users, now_ms| {
                 Box::pin(async move {
-                    let keys = TargetKeys::new(target).enter_keys(key.window, &users);
+                    let keys = TargetKeys::new(target).enter_keys(key.window);
                     let mut argv: Vec<Value> = vec![
                         now_ms.to_string().into(),
                         capacity.to_string().into(),
