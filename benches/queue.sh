@@ -3,11 +3,11 @@
 # (the ceiling) and on the Redis store, and redis-benchmark running the equivalent scripts on the
 # same Redis (the store's limit). Also counts the Redis commands each HTTP call costs
 # (INFO commandstats before and after). Release build, wrk, everything on 127.0.0.1.
-# Usage: [ROUNDS=3] [THREADS=2] benches/queue.sh [seconds per run, default 5]
+# Usage: [ROUNDS=3] [THREADS=2] [CONNS=64] benches/queue.sh [seconds per run, default 5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-5}
-CONNS=64
+CONNS=${CONNS:-64}
 ROUNDS=${ROUNDS:-3}
 GW_THREADS=${THREADS:-2}
 

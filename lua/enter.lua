@@ -43,27 +43,29 @@
 
 local now, capacity, ttl, window_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local n = #ARGV - 4
+local call = redis.call
 local users = {}
 for i = 1, n do
   users[i] = ARGV[4 + i]
 end
 
-local scores = redis.call('ZMSCORE', KEYS[1], unpack(users))
+local scores = call('ZMSCORE', KEYS[1], unpack(users))
 local token_prefix = string.match(KEYS[1], '^(.*)waiting$') .. 'token:'
-local stored, asked, at = {}, {}, {}
+local stored, asked, at, na = {}, {}, {}, 0
 for i = 1, n do
   if not scores[i] then
-    at[#at + 1] = i
-    asked[#asked + 1] = token_prefix .. users[i]
+    na = na + 1
+    at[na] = i
+    asked[na] = token_prefix .. users[i]
   end
 end
-if #asked > 0 then
-  local got = redis.call('MGET', unpack(asked))
-  for j = 1, #asked do
+if na > 0 then
+  local got = call('MGET', unpack(asked))
+  for j = 1, na do
     stored[at[j]] = got[j]
   end
 end
-local waiting = redis.call('ZCARD', KEYS[1])
+local waiting = call('ZCARD', KEYS[1])
 local before = waiting
 
 -- First pass: each user's answer in order; new users get their place (an index into the new
@@ -93,13 +95,12 @@ end
 -- with '%d' (Redis would format a Lua number with '%.17g', and `tostring` uses '%.14g': both
 -- far slower than an integer format).
 local function runs_of_new_bits(seqs, nfresh)
-  local args, p = {}, 1
+  local args, p, a = {}, 1, 0
   while p <= nfresh do
     local len = math.min(nfresh - p + 1, 32)
-    args[#args + 1] = 'SET'
-    args[#args + 1] = string.format('u%d', len)
-    args[#args + 1] = seqs[p]
-    args[#args + 1] = string.format('%d', 2 ^ len - 1)
+    args[a + 1], args[a + 2], args[a + 3], args[a + 4] =
+      'SET', string.format('u%d', len), seqs[p], string.format('%d', 2 ^ len - 1)
+    a = a + 4
     p = p + len
   end
   return args
@@ -108,12 +109,12 @@ end
 -- The bits of the new seqs, in the queued bitmap now and in the heartbeat bitmap below.
 local first, seqs, bits = 0, {}, {}
 if nfresh > 0 then
-  local last = redis.call('INCRBY', KEYS[3], nfresh)
+  local last = call('INCRBY', KEYS[3], nfresh)
   first = last - nfresh + 1
   if first == 1 then
     -- A fresh sequence must start from a fresh mark: a stale admitted_count left behind by an
     -- expired seq would admit newcomers at once (and stale queued bits would name new users).
-    redis.call('DEL', KEYS[2], KEYS[4], KEYS[7])
+    call('DEL', KEYS[2], KEYS[4], KEYS[7])
   end
   local zadd = {}
   for p = 1, nfresh do
@@ -122,46 +123,46 @@ if nfresh > 0 then
     zadd[2 * p - 1] = s
     zadd[2 * p] = places[p]
   end
-  redis.call('ZADD', KEYS[1], unpack(zadd))
+  call('ZADD', KEYS[1], unpack(zadd))
   bits = runs_of_new_bits(seqs, nfresh)
-  redis.call('BITFIELD', KEYS[2], unpack(bits))
+  call('BITFIELD', KEYS[2], unpack(bits))
 end
 
 -- Second pass: the answers, in order, and the heartbeats of waiting users (one bit each in this
 -- window's bitmap, which expires on its own: NX, the first writer of a window sets its lifetime).
 -- The new seqs beat as one run of bits; users already waiting beat one bit each.
-local out, beats = {}, bits
+local out, beats, k, b = {}, bits, 0, #bits
+local waiting_key = KEYS[1]
 for i = 1, n do
   local r = replies[i]
   if r == 'admitted' then
-    out[#out + 1] = 'ADMITTED'
-    out[#out + 1] = stored[i]
+    out[k + 1], out[k + 2] = 'ADMITTED', stored[i]
+    k = k + 2
   elseif r == 'full' then
-    out[#out + 1] = 'FULL'
+    k = k + 1
+    out[k] = 'FULL'
   elseif r == 'known' then
-    local s, k = scores[i], #out
+    local s = scores[i]
     out[k + 1], out[k + 2], out[k + 3], out[k + 4] =
-      'WAITING', s, redis.call('ZRANK', KEYS[1], users[i]), 0
-    beats[#beats + 1] = 'SET'
-    beats[#beats + 1] = 'u1'
-    beats[#beats + 1] = s
-    beats[#beats + 1] = '1'
+      'WAITING', s, call('ZRANK', waiting_key, users[i]), 0
+    beats[b + 1], beats[b + 2], beats[b + 3], beats[b + 4] = 'SET', 'u1', s, '1'
+    k, b = k + 4, b + 4
   else
     -- A new user ('again': its second enter in this call).
     local place = fresh[users[i]]
-    local k = #out
     out[k + 1], out[k + 2], out[k + 3], out[k + 4] = 'WAITING', seqs[place], before + place - 1,
       (r == nil and before == 0 and place == 1) and 1 or 0
+    k = k + 4
   end
 end
-if #beats > 0 then
-  redis.call('BITFIELD', KEYS[8], unpack(beats))
-  redis.call('PEXPIRE', KEYS[8], window_ttl, 'NX')
+if b > 0 then
+  call('BITFIELD', KEYS[8], unpack(beats))
+  call('PEXPIRE', KEYS[8], window_ttl, 'NX')
 end
 
 if nfresh > 0 then
   local s = first + nfresh - 1
-  local last = redis.call('ZREVRANGE', KEYS[5], 0, 0)[1]
+  local last = call('ZREVRANGE', KEYS[5], 0, 0)[1]
   local last_seq, last_ms = 0, 0
   if last then
     last_seq, last_ms = string.match(last, '^(%d+):(%d+)$')
@@ -170,7 +171,7 @@ if nfresh > 0 then
   local checkpoint = not last or s - last_seq >= 16 or now - last_ms >= 1000
   if checkpoint then
     -- Every seq up to s entered by now (the users of one call enter at the same time).
-    redis.call('ZADD', KEYS[5], seqs[nfresh], seqs[nfresh] .. ':' .. ARGV[1])
+    call('ZADD', KEYS[5], seqs[nfresh], seqs[nfresh] .. ':' .. ARGV[1])
   end
   -- The TTLs: set with whatever this call may have created (a fresh sequence, an empty waiting
   -- room, the first checkpoint), and otherwise extended by the first checkpoint of each second
@@ -178,7 +179,7 @@ if nfresh > 0 then
   if not last or first == 1 or before == 0
     or (checkpoint and math.floor(now / 1000) ~= math.floor(last_ms / 1000)) then
     for k = 1, 7 do
-      redis.call('PEXPIRE', KEYS[k], ttl)
+      call('PEXPIRE', KEYS[k], ttl)
     end
   end
 end

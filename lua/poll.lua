@@ -21,35 +21,36 @@
 -- refreshes state of users already in the waiting room, so a full Redis keeps the queue moving
 -- instead of failing it open; new enters (enter.lua, no allow-oom) are refused.
 
-local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV))
-local token_prefix = string.match(KEYS[1], '^(.*)waiting$') .. 'token:'
-local mark = tonumber(redis.call('GET', KEYS[2]) or '0')
-local out, beats = {}, {}
-for i = 1, #ARGV do
+local call, waiting, users = redis.call, KEYS[1], ARGV
+local scores = call('ZMSCORE', waiting, unpack(users))
+local token_prefix = string.match(waiting, '^(.*)waiting$') .. 'token:'
+local mark = tonumber(call('GET', KEYS[2]) or '0')
+local out, beats, o, b = {}, {}, 0, 0
+for i = 1, #users do
   local seq = scores[i]
   if not seq then
     -- Not waiting: admitted already (the stored token, answered again), or never entered.
-    local stored = redis.call('GET', token_prefix .. ARGV[i])
+    local stored = call('GET', token_prefix .. users[i])
     if stored then
-      out[#out + 1] = 'ADMITTED'
-      out[#out + 1] = stored
+      out[o + 1], out[o + 2] = 'ADMITTED', stored
+      o = o + 2
     else
-      out[#out + 1] = 'NONE'
+      o = o + 1
+      out[o] = 'NONE'
     end
   elseif tonumber(seq) <= mark then
-    out[#out + 1] = 'DUE'
+    o = o + 1
+    out[o] = 'DUE'
   else
     -- The heartbeat: one bit. The window's bitmap gets its lifetime from enter.lua or the sweep
     -- (which also creates the next window's ahead of time), so a poll only sets the bit.
-    beats[#beats + 1] = 'SET'
-    beats[#beats + 1] = 'u1'
-    beats[#beats + 1] = seq
-    beats[#beats + 1] = '1'
-    local k = #out
-    out[k + 1], out[k + 2], out[k + 3] = 'WAITING', seq, redis.call('ZRANK', KEYS[1], ARGV[i])
+    beats[b + 1], beats[b + 2], beats[b + 3], beats[b + 4] = 'SET', 'u1', seq, '1'
+    b = b + 4
+    out[o + 1], out[o + 2], out[o + 3] = 'WAITING', seq, call('ZRANK', waiting, users[i])
+    o = o + 3
   end
 end
-if #beats > 0 then
-  redis.call('BITFIELD', KEYS[3], unpack(beats))
+if b > 0 then
+  call('BITFIELD', KEYS[3], unpack(beats))
 end
 return out
