@@ -1,11 +1,13 @@
 //! A growable Fenwick (binary indexed) tree of 0/1 "still waiting" flags indexed by seq: the
 //! memory store's rank in O(log n) per enter, poll and leave.
 
+use super::chunked::Chunked;
+
 /// A growable Fenwick (binary indexed) tree of 0/1 "still waiting" flags indexed by seq.
 #[derive(Debug, Default)]
 pub(super) struct Fenwick {
-    /// 1-based; `tree[0]` is unused.
-    tree: Vec<i64>,
+    /// 1-based; `tree[0]` is unused. In chunks: it grows by one node per new user.
+    tree: Chunked<i64>,
 }
 
 impl Fenwick {
@@ -18,7 +20,7 @@ impl Fenwick {
         let mut sum = 0;
         i = i.min(self.len());
         while i > 0 {
-            sum += self.tree.get(i).copied().unwrap_or(0);
+            sum += self.tree.get(i).unwrap_or(0);
             i &= i - 1;
         }
         sum
@@ -51,7 +53,7 @@ impl Fenwick {
         while step > 0 {
             let next = pos + step;
             if next <= n {
-                let v = self.tree.get(next).copied().unwrap_or(0);
+                let v = self.tree.get(next).unwrap_or(0);
                 if v < k {
                     pos = next;
                     k -= v;

@@ -19,9 +19,11 @@ use super::{
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
 
+mod chunked;
 mod fenwick;
 mod waiting;
 
+use chunked::Chunked;
 use fenwick::Fenwick;
 use waiting::Waiting;
 
@@ -45,7 +47,7 @@ struct TargetState {
     admitted_count: u64,
     /// `slots[i]` is the seq held by Fenwick position `i + 1`, ascending: every live seq has a
     /// slot; a compaction drops the slots of seqs that left.
-    slots: Vec<u64>,
+    slots: Chunked<u64>,
     live: Fenwick,
     waiting: Waiting<Waiter>,
     /// (latest heartbeat window, user), stalest first, for eviction.
@@ -86,7 +88,7 @@ impl TargetState {
         }
         let mut seqs: Vec<u64> = self.waiting.values().map(|w| w.seq).collect();
         seqs.sort_unstable();
-        self.slots = Vec::with_capacity(seqs.len());
+        self.slots = Chunked::default();
         self.live = Fenwick::default();
         for seq in seqs {
             self.push_seq(seq);
@@ -119,7 +121,7 @@ impl TargetState {
         let w = self.waiting.remove(&user)?;
         self.by_heartbeat.remove(&(w.heartbeat_window, user));
         let slot = self.slots_upto(w.seq);
-        if self.slots.get(slot.wrapping_sub(1)) == Some(&w.seq) {
+        if self.slots.get(slot.wrapping_sub(1)) == Some(w.seq) {
             self.live.add(slot, -1);
         }
         self.compact_if_sparse();
@@ -423,7 +425,7 @@ impl QueueStore for MemoryStore {
                 let nth = t
                     .live
                     .find(below + batch)
-                    .and_then(|p| t.slots.get(p - 1).copied())
+                    .and_then(|p| t.slots.get(p - 1))
                     .unwrap_or(t.seq);
                 (nth, batch)
             } else {
