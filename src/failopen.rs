@@ -193,7 +193,7 @@ pub struct LocalClaims {
 
 #[derive(Debug, Default)]
 struct ClaimsInner {
-    /// (target, token id) → expiry (epoch seconds).
+    /// (target, token id) → until when the claim holds (epoch seconds).
     claims: HashMap<(QueueTarget, String), u64>,
     /// Claims not yet written to the store.
     pending: Vec<(QueueTarget, String, u64)>,

@@ -17,6 +17,11 @@ pub struct FlagState {
     pub rollout_percent: u8,
     /// Per-target overrides of `enabled` (`LIMITED_DROP:42 = on|off`).
     pub per_target: HashMap<QueueTarget, bool>,
+    /// When the queue last took in users it had let through (epoch seconds; `flag set` writes it
+    /// with every change that can turn the queue on for someone). A token issued before then (or
+    /// while the change spread) may have been handed out without queueing, so the gate lets it
+    /// through only if it is the token the queue itself holds for that user.
+    pub queued_since: Option<u64>,
 }
 
 impl FlagState {
@@ -25,6 +30,7 @@ impl FlagState {
             enabled,
             rollout_percent: rollout_percent.min(100),
             per_target: HashMap::new(),
+            queued_since: None,
         }
     }
 
@@ -47,6 +53,9 @@ impl FlagState {
 
 /// The Redis hash that overrides the TOML defaults at run time (SPEC §7).
 pub const FLAG_KEY: &str = "queue:flag";
+
+/// The field of [`FLAG_KEY`] that holds [`FlagState::queued_since`].
+pub const QUEUED_SINCE: &str = "queued_since";
 
 /// Parses `on` / `off`, the only spellings the flag hash uses.
 pub fn parse_on_off(v: &str) -> Option<bool> {
@@ -78,6 +87,12 @@ impl FlagState {
                     Ok(p) if p <= 100 => state.rollout_percent = p,
                     _ => problems.push(format!(
                         "{FLAG_KEY} rollout_percent = `{value}`: expected 0..=100"
+                    )),
+                },
+                QUEUED_SINCE => match value.parse::<u64>() {
+                    Ok(t) => state.queued_since = Some(t),
+                    Err(_) => problems.push(format!(
+                        "{FLAG_KEY} {QUEUED_SINCE} = `{value}`: expected epoch seconds"
                     )),
                 },
                 other => match (QueueTarget::parse_key(other), parse_on_off(value)) {
@@ -138,6 +153,11 @@ impl Flag {
 
     pub fn queue_on(&self, target: QueueTarget, user: u64) -> bool {
         self.state.read().queue_on(target, user)
+    }
+
+    /// [`FlagState::queued_since`] of the live state.
+    pub fn queued_since(&self) -> Option<u64> {
+        self.state.read().queued_since
     }
 
     pub fn snapshot(&self) -> FlagState {
@@ -213,8 +233,10 @@ mod tests {
             ("enabled", "on"),
             ("rollout_percent", "10"),
             ("LIMITED_DROP:42", "off"),
+            ("queued_since", "1783591200"),
         ]);
         assert!(problems.is_empty());
+        assert_eq!(s.queued_since, Some(1_783_591_200));
         assert!(s.enabled);
         assert_eq!(s.rollout_percent, 10);
         let t = QueueTarget::new(crate::queue::TargetType::LimitedDrop, 42);
@@ -224,9 +246,10 @@ mod tests {
             ("rollout_percent", "101"),
             ("LIMITED_DROP:x", "on"),
             ("LIMITED_DROP:1", "1"),
+            ("queued_since", "-5"),
         ]);
         assert_eq!(s, defaults);
-        assert_eq!(problems.len(), 4, "{problems:?}");
+        assert_eq!(problems.len(), 5, "{problems:?}");
     }
 
     #[test]

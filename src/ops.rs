@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{redact_url, Config, StoreBackend};
-use crate::flag::{FlagState, FLAG_KEY};
+use crate::flag::{FlagState, FLAG_KEY, QUEUED_SINCE};
 use crate::queue::QueueTarget;
 use crate::store::{QueueStore, RedisStore};
 
@@ -81,6 +81,11 @@ pub fn show(config: &Config) -> Result<String, OpsError> {
         for (t, on) in targets {
             out.push_str(&format!("{t}: {}\n", on_off(*on)));
         }
+        if let Some(since) = state.queued_since {
+            out.push_str(&format!(
+                "queued since: {since} (epoch s; a token issued before then passes the gate only as the user's stored queue token)\n"
+            ));
+        }
         out.push_str(&format!("raw {FLAG_KEY}: {fields:?}\n"));
         for p in problems {
             out.push_str(&format!("ignored: {p}\n"));
@@ -131,6 +136,16 @@ pub fn set(config: &Config, change: &FlagChange) -> Result<String, OpsError> {
                 ));
             }
         }
+    }
+    // Any change that can turn the queue on for someone (a target or everyone switched on, the
+    // rollout moved) also says when: a token handed out before then without queueing no longer
+    // passes the gate on its own (`FlagState::queued_since`).
+    let turns_on = change.enabled == Some(true) || change.rollout.is_some();
+    if turns_on {
+        fields.push((
+            QUEUED_SINCE.to_string(),
+            (crate::clock::now().epoch_ms / 1000).to_string(),
+        ));
     }
     runtime()?.block_on(async {
         let store = connect(config).await?;

@@ -242,3 +242,119 @@ fn bad_fields_in_the_hash_keep_the_default() {
     // ...and the TOML default (on, 100 %) still decides.
     assert_eq!(status_of(&mut gws[0].client(), Q, 5), "WAITING");
 }
+
+/// POSTs an order for `user` with `token` to `gw`.
+fn order(gw: &GatewayProc, user: u64, token: &str) -> Response {
+    gw.client()
+        .request(
+            "POST",
+            "/limited-drops/42/orders",
+            &[
+                ("X-User-Id", &user.to_string()),
+                ("X-Entry-Token", token),
+                ("Content-Type", "application/json"),
+            ],
+            br#"{"quantity":1}"#,
+        )
+        .unwrap()
+}
+
+/// Enters `user` and polls until the queue admits it; its token.
+fn admitted_token(gw: &GatewayProc, user: u64) -> String {
+    let mut c = gw.client();
+    let id = user.to_string();
+    assert_eq!(status_of(&mut c, Q, user), "WAITING");
+    let mut token = None;
+    assert!(wait_until(Duration::from_secs(5), || {
+        let v = c
+            .get(&format!("{Q}/entries/me"), &[("X-User-Id", &id)])
+            .unwrap()
+            .json();
+        token = v["entryToken"].as_str().map(String::from);
+        token.is_some()
+    }));
+    token.unwrap()
+}
+
+/// Tokens handed out while the queue let users straight through (flag off: a new one every
+/// second for the asking) do not pass the gate once the queue is on: only the token the queue
+/// holds for the user does, even when it was issued before a later flag change.
+#[test]
+fn tokens_handed_out_before_the_queue_opened_do_not_pass_it() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let gws: Vec<GatewayProc> = (0..2)
+        .map(|_| {
+            let mut cfg = test_config(up.addr);
+            cfg.store.backend = StoreKind::Redis;
+            cfg.store.redis_url = redis.url();
+            cfg.queue.tick_ms = 200;
+            cfg.flag.enabled = false;
+            GatewayProc::start(cfg)
+        })
+        .collect();
+    // Flag off: straight through, with a token from either replica.
+    let direct = |gw: &GatewayProc, user: u64| {
+        let r = gw
+            .client()
+            .request(
+                "POST",
+                &format!("{Q}/entries"),
+                &[("X-User-Id", &user.to_string())],
+                b"",
+            )
+            .unwrap();
+        assert_eq!(r.json()["status"], "DIRECT_ADMITTED");
+        r.json()["entryToken"].as_str().unwrap().to_string()
+    };
+    let stockpiled = [direct(&gws[0], 5), direct(&gws[1], 5), direct(&gws[0], 9)];
+
+    let (code, out) = flag_cmd(&gws[0], &["set", "--enabled", "on"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("queued_since="), "{out}");
+    for (i, gw) in gws.iter().enumerate() {
+        let mut c = gw.client();
+        assert!(wait_until(Duration::from_secs(3), || status_of(
+            &mut c,
+            Q,
+            100 + i as u64
+        ) == "WAITING"));
+    }
+    let (_, shown) = flag_cmd(&gws[1], &["show"]);
+    assert!(shown.contains("queued since:"), "{shown}");
+    for (gw, (user, token)) in gws.iter().cycle().zip([
+        (5, &stockpiled[0]),
+        (5, &stockpiled[1]),
+        (9, &stockpiled[2]),
+    ]) {
+        let r = order(gw, user, token);
+        assert_eq!(r.status, 403, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.json()["code"], "QUEUE_BYPASS_DENIED");
+    }
+    assert_eq!(
+        up.count(),
+        0,
+        "a token from before the queue opened reached the backend"
+    );
+    assert!(gws[0].metrics().contains("reason=\"issued_before_queue\""));
+
+    // The queue's own tokens pass, issued right after the change (checked against the store)...
+    let fresh = admitted_token(&gws[0], 21);
+    assert_eq!(order(&gws[1], 21, &fresh).status, 200);
+    // ...and issued before a later change that turns the queue on for more users.
+    let before = admitted_token(&gws[1], 22);
+    let (code, out) = flag_cmd(&gws[0], &["set", "--rollout", "100"]);
+    assert_eq!(code, Some(0), "{out}");
+    // Both replicas took the new queued_since (the rollout was 100 already).
+    for gw in &gws {
+        assert!(wait_until(Duration::from_secs(3), || gw
+            .log()
+            .matches("runtime flag changed")
+            .count()
+            >= 2));
+    }
+    assert_eq!(order(&gws[0], 22, &before).status, 200);
+    // The stockpiled tokens still do not.
+    assert_eq!(order(&gws[1], 5, &stockpiled[0]).status, 403);
+    assert_eq!(up.count(), 2);
+}

@@ -518,6 +518,29 @@ fn single_use_holds_across_instances_on_redis() {
     assert_eq!(up.count(), 1);
 }
 
+/// A token used just before it expires stays claimed for the clock difference the gate allows
+/// between instances (60 s): a replica whose clock is behind still takes it until then.
+#[test]
+fn a_claim_outlives_its_token_by_the_clock_skew_allowance() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let mut cfg = test_config(up.addr);
+    cfg.store.backend = StoreKind::Redis;
+    cfg.store.redis_url = redis.url();
+    let gw = GatewayProc::start(cfg);
+    let token = token_for(TEST_SECRET, &format!("LIMITED_DROP|42|9|{}", now_s() + 3));
+    assert_eq!(
+        buy(&mut gw.client(), ORDERS, "9", Some(&token), &[]).status,
+        200
+    );
+    let keys = redis.cmd(&["KEYS", "*used*"]).as_vec();
+    assert_eq!(keys.len(), 1, "one claim");
+    let key = keys[0].as_str().unwrap();
+    let ttl_ms = redis.cmd(&["PTTL", &key]).as_int();
+    // 2-3 s of the token's life left, plus the 60 s allowance.
+    assert!((61_000..=63_000).contains(&ttl_ms), "claim TTL {ttl_ms} ms");
+}
+
 #[test]
 fn rotation_accepts_the_previous_secret_for_verification_only() {
     let up = Upstream::start();

@@ -360,6 +360,13 @@ async fn admission_mints_one_token(s: &dyn QueueStore) {
             expires_at
         }
     );
+    // The gate's lookup answers the stored token, and nothing for a user holding none.
+    assert_eq!(
+        s.stored_token(t, 1, now()).await.unwrap().as_deref(),
+        Some("token-one")
+    );
+    assert_eq!(s.stored_token(t, 2, now()).await.unwrap(), None);
+    assert_eq!(s.stored_token(target(99), 1, now()).await.unwrap(), None);
     // Concurrent polls of an admitted user store one token.
     tokio::time::sleep(GUARD + Duration::from_millis(20)).await;
     s.advance(t, 1, GUARD, now()).await.unwrap();
@@ -379,6 +386,7 @@ async fn admission_mints_one_token(s: &dyn QueueStore) {
     // Leave drops the token: the user is out.
     s.leave(t, 1).await.unwrap();
     assert!(matches!(poll(s, t, 1, "x").await, PollOutcome::NotInQueue));
+    assert_eq!(s.stored_token(t, 1, now()).await.unwrap(), None);
 }
 
 async fn capacity_is_enforced(s: &dyn QueueStore) {

@@ -30,8 +30,10 @@ pub const METHOD_OVERRIDE_HEADERS: [HeaderName; 3] = [
     HeaderName::from_static("x-http-method"),
 ];
 
-/// How far in the future a token may expire beyond the configured TTL (clock skew between
-/// instances). A token that claims to live longer was not minted by us.
+/// The clock difference between instances the gate allows for: how far in the future a token
+/// may expire beyond the configured TTL (a token that claims to live longer was not minted by
+/// us), and how long a single-use claim outlives the token's expiry on this instance's clock (an
+/// instance whose clock is behind still takes the token for that long).
 const EXPIRY_SKEW_SECS: u64 = 60;
 
 /// Why a gated request was refused: the status/code answered and the bounded reason counted.
@@ -143,6 +145,9 @@ pub async fn check(
     if claims.expires_at > now_s + state.config.token.ttl.as_secs() + EXPIRY_SKEW_SECS {
         return Err(deny("expiry_too_far", "the entry token is not valid"));
     }
+    if let Some(since) = state.flag.queued_since() {
+        issued_before_queue(state, target, user, token, &claims, since, now).await?;
+    }
     if !state.config.token.single_use {
         return Ok(Passed {
             target,
@@ -156,7 +161,10 @@ pub async fn check(
         // Spent on this replica while the store was down, and not yet written back.
         return Err(used());
     }
-    let ttl = Duration::from_secs(claims.expires_at.saturating_sub(now_s).max(1));
+    // Held until the token has expired on every instance, not only on this one: a replica whose
+    // clock is up to EXPIRY_SKEW_SECS behind still accepts it until then.
+    let held_until = claims.expires_at.saturating_add(EXPIRY_SKEW_SECS);
+    let ttl = Duration::from_secs(held_until.saturating_sub(now_s));
     match state.store.claim(target, &id, ttl, now).await {
         Ok(true) => Ok(Passed {
             target,
@@ -172,7 +180,7 @@ pub async fn check(
         }),
         // HMAC and expiry still hold; the claim is kept on this replica and written to the
         // store when it answers again (`LocalClaims`).
-        Err(_) => match state.claims.claim(target, &id, claims.expires_at, now_s) {
+        Err(_) => match state.claims.claim(target, &id, held_until, now_s) {
             LocalClaim::Taken => Ok(Passed {
                 target,
                 checked: true,
@@ -184,6 +192,51 @@ pub async fn check(
                 reason: "claims_full",
             }),
         },
+    }
+}
+
+/// How long after `queued_since` a token is still checked against the store: the time every
+/// instance takes to see a flag change (SPEC §7: 3 s), plus the clock difference allowed between
+/// the host that changed it and the instances that mint.
+const QUEUED_SETTLE_SECS: u64 = 3 + EXPIRY_SKEW_SECS;
+
+/// A token issued before the queue last took users in (or while that change spread) may have
+/// been handed out without queueing (the flag off, a rollout that left the user out, a degraded
+/// store), possibly one per second per user: it passes only if it is the very token the queue
+/// holds for this user. Tokens issued later pass without this lookup, so it costs a store call
+/// only in the minutes after a flag change.
+async fn issued_before_queue(
+    state: &AppState,
+    target: QueueTarget,
+    user: u64,
+    token: &str,
+    claims: &crate::token::TokenClaims,
+    since: u64,
+    now: Now,
+) -> Result<(), Denied> {
+    let issued_at = claims
+        .expires_at
+        .saturating_sub(state.config.token.ttl.as_secs());
+    if issued_at >= since.saturating_add(QUEUED_SETTLE_SECS) {
+        return Ok(());
+    }
+    match state.store.stored_token(target, user, now).await {
+        // Compared as digests: no timing difference tells how much of the stored token matched.
+        Ok(Some(stored))
+            if ring::digest::digest(&ring::digest::SHA256, stored.as_bytes()).as_ref()
+                == ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref() =>
+        {
+            Ok(())
+        }
+        Ok(_) => Err(deny(
+            "issued_before_queue",
+            "the entry token was issued before the queue opened",
+        )),
+        // Only the store can tell; the purchase waits instead (the token stays unused).
+        Err(_) => Err(Denied {
+            error: ApiError::QueueUnavailable,
+            reason: "issued_before_queue_unchecked",
+        }),
     }
 }
 

@@ -421,6 +421,16 @@ impl QueueStore for StoreGuard {
         self.run(Class::Gate, "release", fut).await
     }
 
+    async fn stored_token(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        now: Now,
+    ) -> Result<Option<String>, StoreError> {
+        let fut = self.inner.stored_token(target, user, now);
+        self.run(Class::Gate, "stored_token", fut).await
+    }
+
     async fn register_instance(
         &self,
         instance: &str,

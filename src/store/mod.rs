@@ -251,6 +251,15 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Gives a claim back (the backend refused the purchase, so the user may retry).
     async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError>;
 
+    /// The entry token the queue issued to `user` of `target` and still holds (unexpired), if
+    /// any: the gate's check of a token issued before the queue was last turned on.
+    async fn stored_token(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        now: Now,
+    ) -> Result<Option<String>, StoreError>;
+
     /// Records that `instance` is alive (the pump calls it every tick; `leave` removes it on a
     /// clean shutdown) and answers how many instances did so within `window` and `recent`.
     async fn register_instance(

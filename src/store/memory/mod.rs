@@ -497,6 +497,19 @@ impl QueueStore for MemoryStore {
         Ok(())
     }
 
+    async fn stored_token(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        now: Now,
+    ) -> Result<Option<String>, StoreError> {
+        let mut targets = self.targets.lock();
+        Ok(targets
+            .get_mut(&target)
+            .and_then(|t| t.token(user, now))
+            .map(|(_, token)| token))
+    }
+
     /// One process: the only instance there is.
     async fn register_instance(
         &self,

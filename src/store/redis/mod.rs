@@ -767,6 +767,23 @@ impl QueueStore for RedisStore {
         Ok(())
     }
 
+    async fn stored_token(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        _now: Now,
+    ) -> Result<Option<String>, StoreError> {
+        // "expiresAt|token", expiring with the token (issue.lua).
+        let key = TargetKeys::new(target).of(Key::Token(user));
+        let reply = self
+            .command("GET", vec![key.into()])
+            .await
+            .map_err(store_err)?;
+        Ok(reply
+            .as_string()
+            .and_then(|v| v.split_once('|').map(|(_, token)| token.to_string())))
+    }
+
     async fn register_instance(
         &self,
         instance: &str,
