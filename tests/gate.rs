@@ -909,3 +909,37 @@ fn ambiguous_framing_closes_the_connection() {
     assert!(c.server_closed(), "the connection stayed open");
     let _ = up;
 }
+
+/// A refused request is answered at once, whatever body it announces: a small one that has
+/// arrived is read and the connection kept; a huge one, or one held back for `100 Continue`,
+/// is not waited for, and the connection closes after the answer (no slot held by a trickle).
+#[test]
+fn a_refusal_does_not_wait_for_a_large_or_held_back_body() {
+    let (gw, up) = env(|_| {});
+    let head = |extra: &str| {
+        format!("POST {ORDERS} HTTP/1.1\r\nHost: gateway.test\r\nX-User-Id: 7\r\n{extra}\r\n")
+    };
+    for extra in [
+        "Content-Length: 1000000000000\r\n",
+        "Content-Length: 14\r\nExpect: 100-continue\r\n",
+    ] {
+        let mut c = gw.raw();
+        let started = std::time::Instant::now();
+        let r = c.send_raw(head(extra).as_bytes(), false).unwrap();
+        assert_eq!(r.status, 403, "{extra}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "{extra}: answered after {:?}",
+            started.elapsed()
+        );
+        assert!(c.server_closed(), "{extra}: the connection stayed open");
+    }
+    // A small body is read: the connection serves the next request.
+    let mut c = gw.raw();
+    let small = format!("{}{{\"quantity\":1}}", head("Content-Length: 14\r\n"));
+    assert_eq!(c.send_raw(small.as_bytes(), false).unwrap().status, 403);
+    let port = c.local_port();
+    assert_eq!(c.send_raw(small.as_bytes(), false).unwrap().status, 403);
+    assert_eq!(c.local_port(), port, "the connection was not kept");
+    assert_eq!(up.count(), 0);
+}

@@ -160,12 +160,38 @@ pub async fn write_reply(session: &mut Session, reply: &Reply) -> Result<()> {
 /// Pingora boxes (copies) for every request.
 type Local<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 
-/// Reads and discards the request body, so a locally answered POST leaves the connection reusable.
+/// The largest declared request body a local answer reads and discards to keep the connection.
+const DRAIN_MAX_BYTES: u64 = 64 * 1024;
+/// How long a local answer waits for that body in all.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Answers locally. A small request body that arrives promptly is read and discarded first, so a
+/// locally answered POST leaves the connection reusable; a body declared larger than
+/// `DRAIN_MAX_BYTES`, one not complete within `DRAIN_TIMEOUT`, or one the client holds back for
+/// a `100 Continue` is not waited for: the answer goes out and the connection closes. (Otherwise
+/// a refused request announcing a huge body and trickling it would hold a connection slot for as
+/// long as it liked: while a request is in progress no idle bound applies.)
 /// Boxed: writing a response through Pingora is a ~1 KB future, which inline would grow
 /// `request_filter`'s future (and its copy) for every request, answered locally or not.
 fn answer_locally<'a>(session: &'a mut Session, reply: &'a Reply) -> Local<'a, bool> {
     Box::pin(async move {
-        session.drain_request_body().await?;
+        if !session.is_body_done() {
+            let headers = &session.req_header().headers;
+            let expects_continue = headers
+                .get(http::header::EXPECT)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+            // One plain Content-Length or none (chunked): `hygiene::scan` refused anything else.
+            let declared = headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            let drained = !expects_continue && declared.is_none_or(|n| n <= DRAIN_MAX_BYTES) && {
+                session.set_total_drain_timeout(Some(DRAIN_TIMEOUT));
+                session.drain_request_body().await.is_ok()
+            };
+            if !drained {
+                session.set_keepalive(None);
+            }
+        }
         write_reply(session, reply).await?;
         Ok(true)
     })
