@@ -35,6 +35,48 @@ struct Waiter {
     entered_ms: u64,
 }
 
+/// Targets held at most, as a multiple of `max_targets`, whether users wait in them or not: an
+/// emptied target stays (as its Redis keys would until their TTL), so without a bound a client
+/// entering and leaving ever new target ids would grow the map, and every scan of it, without end.
+const HELD_PER_OPEN: usize = 4;
+/// With the map at its bound, an emptied target (nobody waiting, no token held, past its tick
+/// guard) idle this long is forgotten to make room.
+const EMPTIED_KEEP_MS: u64 = 60_000;
+/// The map is scanned for expired and forgettable targets at most this often.
+const PURGE_EVERY_MS: u64 = 1_000;
+
+/// Every target's state, and how many of them have users waiting (kept exact by every change,
+/// so the `max_targets` check is not a scan).
+#[derive(Debug, Default)]
+struct Targets {
+    map: HashMap<QueueTarget, TargetState>,
+    open: usize,
+    purged_ms: u64,
+}
+
+impl Targets {
+    /// Drops the targets idle past the key TTL (as Redis would have expired their keys) and,
+    /// with `make_room`, the emptied ones idle for `EMPTIED_KEEP_MS`.
+    fn purge(&mut self, now: Now, make_room: bool) {
+        let Targets { map, open, .. } = self;
+        map.retain(|_, t| {
+            let idle_ms = now.epoch_ms.saturating_sub(t.last_write_ms);
+            let forgettable = make_room
+                && t.waiting.is_empty()
+                && t.tokens.is_empty()
+                && idle_ms >= EMPTIED_KEEP_MS
+                && t.last_advance_ms
+                    .is_none_or(|a| now.epoch_ms.saturating_sub(a) >= t.guard_ms);
+            let keep = idle_ms <= TARGET_KEY_TTL_SECS * 1000 && !forgettable;
+            if !keep && !t.waiting.is_empty() {
+                *open -= 1;
+            }
+            keep
+        });
+        self.purged_ms = now.epoch_ms;
+    }
+}
+
 /// The Fenwick tree is rebuilt over the live seqs only once it holds this many slots and more
 /// than `COMPACT_FACTOR` times the waiting users, so a target with steady churn (enter, leave,
 /// enter...) does not grow without bound.
@@ -53,6 +95,8 @@ struct TargetState {
     /// (latest heartbeat window, user), stalest first, for eviction.
     by_heartbeat: BTreeSet<(u64, u64)>,
     last_advance_ms: Option<u64>,
+    /// The minimum interval between two advances the pump last asked for (its tick guard).
+    guard_ms: u64,
     /// user → (expiresAt epoch s, token).
     tokens: HashMap<u64, (u64, String)>,
     waits_ms: VecDeque<u64>,
@@ -135,7 +179,7 @@ const CLAIM_SWEEP_AT: usize = 10_000;
 /// The embedded single-instance store.
 #[derive(Debug)]
 pub struct MemoryStore {
-    targets: Mutex<HashMap<QueueTarget, TargetState>>,
+    targets: Mutex<Targets>,
     /// Single-use claims: (target, token id) → expiry (epoch ms).
     claims: Mutex<HashMap<(QueueTarget, String), u64>>,
     max_targets: usize,
@@ -176,17 +220,21 @@ impl MemoryStore {
 
     /// Whether `target` may get a queue: it has waiting users already, or fewer than the cap of
     /// targets have (an emptied or idle target does not count, as in Redis once the pump retired
-    /// it).
+    /// it) and the map has room for it (`HELD_PER_OPEN`).
     fn admits_target(&self, target: QueueTarget, now: Now) -> Result<bool, StoreError> {
         let mut targets = self.targets.lock();
-        if targets.get(&target).is_some_and(|t| !t.waiting.is_empty()) {
+        let held = targets.map.get(&target);
+        if held.is_some_and(|t| !t.waiting.is_empty()) {
             return Ok(true);
         }
-        targets.retain(|_, t| {
-            now.epoch_ms.saturating_sub(t.last_write_ms) <= TARGET_KEY_TTL_SECS * 1000
-        });
-        let open = targets.values().filter(|t| !t.waiting.is_empty()).count();
-        Ok(open < self.max_targets)
+        let known = held.is_some();
+        let held_cap = self.max_targets.saturating_mul(HELD_PER_OPEN);
+        if now.epoch_ms.saturating_sub(targets.purged_ms) >= PURGE_EVERY_MS {
+            let make_room = targets.map.len() >= held_cap;
+            targets.purge(now, make_room);
+        }
+        Ok(targets.open < self.max_targets
+            && ((known && targets.map.contains_key(&target)) || targets.map.len() < held_cap))
     }
 
     /// Runs `f` on the target's state, first dropping it if it has been idle past the key TTL
@@ -198,20 +246,30 @@ impl MemoryStore {
         f: impl FnOnce(&mut TargetState) -> R,
     ) -> Result<R, StoreError> {
         let mut targets = self.targets.lock();
-        let expired = targets.get(&target).is_some_and(|t| {
-            now.epoch_ms.saturating_sub(t.last_write_ms) > TARGET_KEY_TTL_SECS * 1000
-        });
-        if expired {
-            targets.remove(&target);
+        let Targets { map, open, .. } = &mut *targets;
+        let mut was_open = false;
+        if let Some(t) = map.get(&target) {
+            let expired = now.epoch_ms.saturating_sub(t.last_write_ms) > TARGET_KEY_TTL_SECS * 1000;
+            was_open = !t.waiting.is_empty();
+            if expired {
+                map.remove(&target);
+                if was_open {
+                    *open -= 1;
+                    was_open = false;
+                }
+            }
         }
-        let result = f(targets.entry(target).or_default());
+        let t = map.entry(target).or_default();
+        let result = f(t);
+        match (was_open, !t.waiting.is_empty()) {
+            (false, true) => *open += 1,
+            (true, false) => *open -= 1,
+            _ => {}
+        }
         // A read of a target nobody entered (poll, stats, a pump visit) leaves nothing behind, so
         // clients cannot grow the map past `max_targets` by naming ids.
-        if targets
-            .get(&target)
-            .is_some_and(|t| t.seq == 0 && t.tokens.is_empty())
-        {
-            targets.remove(&target);
+        if t.seq == 0 && t.tokens.is_empty() {
+            map.remove(&target);
         }
         Ok(result)
     }
@@ -321,9 +379,14 @@ impl QueueStore for MemoryStore {
 
     async fn leave(&self, target: QueueTarget, user: u64) -> Result<(), StoreError> {
         let mut targets = self.targets.lock();
-        if let Some(t) = targets.get_mut(&target) {
+        let Targets { map, open, .. } = &mut *targets;
+        if let Some(t) = map.get_mut(&target) {
+            let was_open = !t.waiting.is_empty();
             t.remove_waiter(user);
             t.tokens.remove(&user);
+            if was_open && t.waiting.is_empty() {
+                *open -= 1;
+            }
         }
         Ok(())
     }
@@ -371,10 +434,8 @@ impl QueueStore for MemoryStore {
 
     async fn active_targets(&self, now: Now) -> Result<Vec<QueueTarget>, StoreError> {
         let mut targets = self.targets.lock();
-        targets.retain(|_, t| {
-            now.epoch_ms.saturating_sub(t.last_write_ms) <= TARGET_KEY_TTL_SECS * 1000
-        });
-        let mut list: Vec<QueueTarget> = targets.keys().copied().collect();
+        targets.purge(now, false);
+        let mut list: Vec<QueueTarget> = targets.map.keys().copied().collect();
         list.sort();
         Ok(list)
     }
@@ -396,6 +457,7 @@ impl QueueStore for MemoryStore {
         now: Now,
     ) -> Result<Advance, StoreError> {
         self.with_target(target, now, |t| {
+            t.guard_ms = millis(min_interval);
             let waiting = t.waiting.len() as u64;
             let result = |outcome, admitted_count, admitted_now| Advance {
                 outcome,
@@ -505,6 +567,7 @@ impl QueueStore for MemoryStore {
     ) -> Result<Option<String>, StoreError> {
         let mut targets = self.targets.lock();
         Ok(targets
+            .map
             .get_mut(&target)
             .and_then(|t| t.token(user, now))
             .map(|(_, token)| token))
@@ -578,7 +641,7 @@ mod tests {
                 s.leave(t, u).await.unwrap();
             }
             s.enter(t, 99_999, now, u64::MAX).await.unwrap();
-            let slots = s.targets.lock()[&t].slots.len();
+            let slots = s.targets.lock().map[&t].slots.len();
             assert!(slots < 2 * COMPACT_MIN, "{slots} slots for 2 waiting users");
             let c = || crate::store::TokenCandidate {
                 token: "x".into(),
@@ -595,6 +658,53 @@ mod tests {
             assert_eq!((a.admitted_count, a.admitted_now), (1, 1));
             let a = s.advance(t, 1, Duration::ZERO, now).await.unwrap();
             assert_eq!((a.admitted_count, a.admitted_now), (20_002, 1));
+        });
+    }
+
+    /// A client entering and leaving ever new target ids: the map stays within its bound (and
+    /// with it every scan under the lock), the sales with users waiting keep working, the cap of
+    /// open targets stays exact, and emptied targets make room once idle.
+    #[test]
+    fn target_churn_is_bounded() {
+        use crate::queue::TargetType;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let s = MemoryStore::default().with_max_targets(2);
+            let t = |id| QueueTarget::new(TargetType::LimitedDrop, id);
+            let at = |ms: u64| Now {
+                epoch_ms: 1_000_000 + ms,
+            };
+            let waiting = |o: EnterOutcome| matches!(o, EnterOutcome::Waiting { .. });
+            // A real sale with a user waiting.
+            assert!(waiting(s.enter(t(1), 1, at(0), 100).await.unwrap()));
+            let mut refused = 0;
+            for id in 2..10_000 {
+                match s.enter(t(id), 7, at(id), 100).await.unwrap() {
+                    EnterOutcome::TooManyTargets => refused += 1,
+                    o => assert!(waiting(o)),
+                }
+                s.leave(t(id), 7).await.unwrap();
+            }
+            let held = s.targets.lock().map.len();
+            assert!(held <= 2 * HELD_PER_OPEN, "{held} targets held");
+            assert!(refused >= 9_990, "{refused} refused");
+            assert_eq!(s.targets.lock().open, 1);
+            // The real sale is untouched.
+            assert!(waiting(s.enter(t(1), 2, at(10_000), 100).await.unwrap()));
+            // Once the churned targets have idled for EMPTIED_KEEP_MS, they make room.
+            let later = at(10_000 + EMPTIED_KEEP_MS + PURGE_EVERY_MS);
+            assert!(waiting(s.enter(t(20_000), 1, later, 100).await.unwrap()));
+            assert_eq!(s.targets.lock().open, 2);
+            assert_eq!(
+                s.enter(t(20_001), 1, later, 100).await.unwrap(),
+                EnterOutcome::TooManyTargets,
+                "two targets have users waiting"
+            );
+            s.leave(t(20_000), 1).await.unwrap();
+            assert_eq!(s.targets.lock().open, 1);
+            assert!(waiting(s.enter(t(20_001), 1, later, 100).await.unwrap()));
         });
     }
 }
