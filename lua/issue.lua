@@ -33,17 +33,21 @@ end
 redis.call('SET', KEYS[8], candidate, 'EX', token_ttl)
 redis.call('ZREM', KEYS[1], user)
 redis.call('SETBIT', KEYS[2], seq, 0)
-for i = 1, 7 do
-  redis.call('PEXPIRE', KEYS[i], ttl)
-end
 -- The user entered at or after the nearest checkpoint at or below its seq (at most 1 s or 16
 -- seqs earlier), so the wait is over-estimated by less than a second.
 local cp = redis.call('ZREVRANGEBYSCORE', KEYS[5], seq, '-inf', 'LIMIT', 0, 1)[1]
+local waited
 if cp then
   local entered = tonumber(string.match(cp, ':(%d+)$'))
-  local waited = math.max(0, tonumber(now) - entered)
+  waited = math.max(0, tonumber(now) - entered)
   redis.call('LPUSH', KEYS[6], waited)
   redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[6]) - 1)
+end
+-- After the LPUSH, which may have created the list of waits: every key gets the TTL.
+for i = 1, 7 do
+  redis.call('PEXPIRE', KEYS[i], ttl)
+end
+if waited then
   return {'ADMITTED', candidate, waited}
 end
 return {'ADMITTED', candidate}

@@ -1147,6 +1147,25 @@ async fn enter_time_checkpoints_are_sparse_and_trimmed() {
     assert_eq!(waits.len(), 19);
 }
 
+/// The first admission of a sequence creates the list of waits: it expires with the target's
+/// other keys, not never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_wait_recorded_expires_with_the_target() {
+    let redis = RedisServer::start();
+    let s = connected_redis(&redis).await;
+    let t = QueueTarget::new(TargetType::LimitedDrop, 46);
+    enter(s.as_ref(), t, 1).await;
+    s.advance(t, 1, GUARD, now()).await.unwrap();
+    assert!(matches!(
+        poll(s.as_ref(), t, 1, "x").await,
+        PollOutcome::Admitted { .. }
+    ));
+    let ttl = redis
+        .cmd(&["PTTL", "queue:{LIMITED_DROP:46}:waits"])
+        .as_int();
+    assert!(ttl > 0, "the list of waits has no TTL: {ttl}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_sequence_ignores_a_stale_mark() {
     let redis = RedisServer::start();
