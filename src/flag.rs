@@ -155,9 +155,11 @@ impl Flag {
         self.state.read().queue_on(target, user)
     }
 
-    /// [`FlagState::queued_since`] of the live state.
-    pub fn queued_since(&self) -> Option<u64> {
-        self.state.read().queued_since
+    /// For the gate, in one read of the live state: `None` when `user` of `target` is not
+    /// queued, else [`FlagState::queued_since`].
+    pub fn gate_view(&self, target: QueueTarget, user: u64) -> Option<Option<u64>> {
+        let state = self.state.read();
+        state.queue_on(target, user).then_some(state.queued_since)
     }
 
     pub fn snapshot(&self) -> FlagState {

@@ -117,13 +117,13 @@ pub async fn check(
             }),
         };
     }
-    if !state.flag.queue_on(target, user) {
+    let Some(queued_since) = state.flag.gate_view(target, user) else {
         return Ok(Passed {
             target,
             checked: false,
             claim: None,
         });
-    }
+    };
     let token = token.ok_or_else(|| deny("missing_token", "an entry token is required"))?;
     if token.len() > MAX_TOKEN_LEN {
         return Err(bad("token_too_long", "the entry token is too long"));
@@ -145,7 +145,7 @@ pub async fn check(
     if claims.expires_at > now_s + state.config.token.ttl.as_secs() + EXPIRY_SKEW_SECS {
         return Err(deny("expiry_too_far", "the entry token is not valid"));
     }
-    if let Some(since) = state.flag.queued_since() {
+    if let Some(since) = queued_since {
         issued_before_queue(state, target, user, token, &claims, since, now).await?;
     }
     if !state.config.token.single_use {
