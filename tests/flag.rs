@@ -14,12 +14,23 @@ use vq_gateway::flag::bucket;
 const Q: &str = "/virtual-queues/limited-drop/42";
 
 fn gateways(redis: &RedisServer, up: &Upstream, n: usize, enabled: bool) -> Vec<GatewayProc> {
+    ticking_gateways(redis, up, n, enabled, 3_600_000)
+}
+
+/// `n` gateways on `redis` whose pump admits every `tick_ms`.
+fn ticking_gateways(
+    redis: &RedisServer,
+    up: &Upstream,
+    n: usize,
+    enabled: bool,
+    tick_ms: u64,
+) -> Vec<GatewayProc> {
     (0..n)
         .map(|_| {
             let mut cfg = test_config(up.addr);
             cfg.store.backend = StoreKind::Redis;
             cfg.store.redis_url = redis.url();
-            cfg.queue.tick_ms = 3_600_000;
+            cfg.queue.tick_ms = tick_ms;
             cfg.flag.enabled = enabled;
             GatewayProc::start(cfg)
         })
@@ -283,16 +294,7 @@ fn admitted_token(gw: &GatewayProc, user: u64) -> String {
 fn tokens_handed_out_before_the_queue_opened_do_not_pass_it() {
     let redis = RedisServer::start();
     let up = Upstream::start();
-    let gws: Vec<GatewayProc> = (0..2)
-        .map(|_| {
-            let mut cfg = test_config(up.addr);
-            cfg.store.backend = StoreKind::Redis;
-            cfg.store.redis_url = redis.url();
-            cfg.queue.tick_ms = 200;
-            cfg.flag.enabled = false;
-            GatewayProc::start(cfg)
-        })
-        .collect();
+    let gws = ticking_gateways(&redis, &up, 2, false, 200);
     // Flag off: straight through, with a token from either replica.
     let direct = |gw: &GatewayProc, user: u64| {
         let r = gw

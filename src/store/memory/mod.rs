@@ -69,7 +69,7 @@ impl Targets {
                     .is_none_or(|a| now.epoch_ms.saturating_sub(a) >= t.guard_ms);
             let keep = idle_ms <= TARGET_KEY_TTL_SECS * 1000 && !forgettable;
             if !keep && !t.waiting.is_empty() {
-                *open -= 1;
+                *open = open.saturating_sub(1);
             }
             keep
         });
@@ -254,7 +254,7 @@ impl MemoryStore {
             if expired {
                 map.remove(&target);
                 if was_open {
-                    *open -= 1;
+                    *open = open.saturating_sub(1);
                     was_open = false;
                 }
             }
@@ -263,7 +263,7 @@ impl MemoryStore {
         let result = f(t);
         match (was_open, !t.waiting.is_empty()) {
             (false, true) => *open += 1,
-            (true, false) => *open -= 1,
+            (true, false) => *open = open.saturating_sub(1),
             _ => {}
         }
         // A read of a target nobody entered (poll, stats, a pump visit) leaves nothing behind, so
@@ -385,7 +385,7 @@ impl QueueStore for MemoryStore {
             t.remove_waiter(user);
             t.tokens.remove(&user);
             if was_open && t.waiting.is_empty() {
-                *open -= 1;
+                *open = open.saturating_sub(1);
             }
         }
         Ok(())
