@@ -55,12 +55,11 @@ impl AppState {
             },
             metrics.clone(),
         );
-        let pacer = Pacer::new(
-            crate::queue::millis(config.queue.tick),
-            config.queue.batch_size.get(),
-            config.fail_open.min_replicas,
-            config.fail_open.max_replicas,
-        );
+        let pacer = Pacer::new(crate::failopen::PacerConfig::from_config(
+            &config.fail_open,
+            &config.queue,
+            &config.store,
+        ));
         let registry = crate::registry::Registry::new(
             config.queue.targets,
             config.queue.unregistered_gated,

@@ -2,15 +2,28 @@
 //! fail-open policy (`fail_open.mode`) and the two pieces of local state that keep its promises.
 //!
 //! - `Pacer`: in `paced` mode (the default) a replica still enforces the admission budget by
-//!   itself: per target and tick it lets at most `share = ⌈batch_size / replicas⌉` users through
-//!   directly, where `replicas` is the replica count the pump last read from the instance
-//!   registry, counting those seen within the last two minutes (clamped to `[min_replicas,
-//!   max_replicas]`; `max_replicas` while never learned, so a replica that starts during an outage
-//!   errs on the small side). A replica that stopped registering without a clean shutdown may be
-//!   pacing on its own, cut off from Redis: the pump lowers its batch by that replica's share. It admits nobody in a tick
-//!   in which the store still answered this replica, so its budget and the pump's do not add up
-//!   in the tick an outage starts. Cluster-wide, a degraded tick admits at most
-//!   `replicas × share ≤ batch_size + replicas − 1` users.
+//!   itself: per target and tick it lets at most its *share* through directly. Each registration
+//!   asks the instance registry to record `⌊batch_size / replicas⌋` (`replicas`: the count the
+//!   registry gave the registration before, at least `min_replicas`), and the registry records no
+//!   more than the other members' shares leave of `batch_size` (`instances.lua`): the recorded
+//!   shares never add up to more than a batch. Each pump lowers its batch by the recorded shares
+//!   of the replicas that stopped registering (they may be cut off from Redis and pacing) for
+//!   `paced_for` after their last registration. A replica paces only while every pump is sure to
+//!   be doing that:
+//!   - not before `pace_after` (command timeout + the registry's live window + a tick) has passed
+//!     since it last sent a registration (until then a pump may still count it live and admit
+//!     the whole batch); its pump sends none while its store is failing;
+//!   - not after `paced_for − 2 ticks` since the last registration Redis confirmed (from then on
+//!     the pumps forget it and admit the whole batch again); it then admits nobody until the
+//!     store answers;
+//!   - never before its first confirmed registration (nobody reserves anything for it), and never
+//!     in a tick in which the store still answered it;
+//!   - with the smallest share it may have recorded (a registration whose answer was lost may or
+//!     may not have landed).
+//!
+//!   So a pump's batch plus the paced shares of the replicas it reserves for is at most
+//!   `batch_size` per tick, and in an outage of every replica at once the paced shares add up to
+//!   at most `batch_size`.
 //! - `LocalClaims`: single-use claims that could not be stored in Redis are kept per replica for
 //!   the token's lifetime (a token is refused a second time on the same replica) and written to
 //!   Redis once it answers again, so after recovery a token used during the outage stays spent.
@@ -50,15 +63,81 @@ impl FailOpenMode {
 /// How many targets a replica keeps a local budget for at once (clients choose target ids).
 const MAX_PACED_TARGETS: usize = 4096;
 
+/// An instance counts as live in the registry if it registered within 3 ticks, and never less
+/// than this (short test ticks would otherwise drop live instances between two ticks).
+const REGISTRY_MIN_WINDOW_MS: u64 = 2000;
+
+/// The timing the pacer and the instance registry share.
+#[derive(Debug, Clone, Copy)]
+pub struct PacerConfig {
+    pub tick_ms: u64,
+    pub batch: u32,
+    /// `fail_open.min_replicas`: the share never assumes fewer replicas than this.
+    pub min_replicas: u32,
+    /// `fail_open.paced_for_s`: how long after its last registration a replica may pace, and how
+    /// long the pumps lower their batch by the share of a replica that stopped registering.
+    pub paced_for_ms: u64,
+    /// The store's command timeout: how long after it was sent a registration may still land.
+    pub call_timeout_ms: u64,
+}
+
+impl PacerConfig {
+    pub fn from_config(
+        fo: &crate::config::FailOpenConfig,
+        q: &crate::config::QueueConfig,
+        st: &crate::config::StoreConfig,
+    ) -> PacerConfig {
+        PacerConfig {
+            tick_ms: crate::queue::millis(q.tick).max(1),
+            batch: q.batch_size.get(),
+            min_replicas: fo.min_replicas.max(1),
+            paced_for_ms: crate::queue::millis(fo.paced_for),
+            call_timeout_ms: crate::queue::millis(st.command_timeout),
+        }
+    }
+
+    /// An instance that registered within this window counts as live.
+    pub fn live_window_ms(&self) -> u64 {
+        self.tick_ms.saturating_mul(3).max(REGISTRY_MIN_WINDOW_MS)
+    }
+
+    /// How long after its last registration attempt a cut-off replica waits before pacing: until
+    /// the attempt can no longer land, every pump has stopped counting it live, and a tick more
+    /// (a pump that read the registry just before uses that batch for the rest of its tick).
+    pub fn pace_after_ms(&self) -> u64 {
+        self.call_timeout_ms
+            .saturating_add(self.live_window_ms())
+            .saturating_add(self.tick_ms)
+    }
+
+    /// How long after its last confirmed registration a replica stops pacing: two ticks before
+    /// the pumps forget it (one for the tick a pump's registry read covers, one for rounding to
+    /// tick boundaries).
+    pub fn pace_until_ms(&self) -> u64 {
+        self.paced_for_ms
+            .saturating_sub(self.tick_ms.saturating_mul(2))
+    }
+}
+
 #[derive(Debug)]
 pub struct Pacer {
-    tick_ms: u64,
-    batch: u32,
-    min_replicas: u32,
-    max_replicas: u32,
-    /// The live replica count last read from the registry; 0 while never learned.
+    cfg: PacerConfig,
+    /// The live or recent replica count the registry last gave; 0 while never learned.
     replicas: AtomicU32,
+    registration: Mutex<Registration>,
     budgets: Mutex<Budgets>,
+}
+
+/// This replica's standing in the instance registry, as far as it knows.
+#[derive(Debug, Default)]
+struct Registration {
+    /// The share the registry may hold for this replica: the one the last confirmed
+    /// registration recorded, lowered to that of any attempt since whose outcome is unknown.
+    share: u32,
+    /// When the last registration Redis confirmed was sent (epoch ms).
+    confirmed_ms: Option<u64>,
+    /// When the last registration attempt was sent (epoch ms).
+    attempted_ms: u64,
 }
 
 #[derive(Debug, Default)]
@@ -77,45 +156,76 @@ struct Budget {
     users: Vec<u64>,
 }
 
+/// What the pacer decided for one degraded enter or poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    /// Let through directly.
+    Admitted,
+    /// This tick's share is spent; the next tick has a new one.
+    Spent,
+    /// This replica may not pace now (see the module documentation): nobody is let through.
+    Held,
+}
+
 impl Pacer {
-    pub fn new(tick_ms: u64, batch: u32, min_replicas: u32, max_replicas: u32) -> Pacer {
-        let min_replicas = min_replicas.max(1);
+    pub fn new(cfg: PacerConfig) -> Pacer {
         Pacer {
-            tick_ms: tick_ms.max(1),
-            batch: batch.max(1),
-            min_replicas,
-            max_replicas: max_replicas.max(min_replicas),
+            cfg: PacerConfig {
+                tick_ms: cfg.tick_ms.max(1),
+                min_replicas: cfg.min_replicas.max(1),
+                ..cfg
+            },
             replicas: AtomicU32::new(0),
+            registration: Mutex::new(Registration::default()),
             budgets: Mutex::new(Budgets::default()),
         }
     }
 
-    /// Records the live replica count read from the instance registry.
-    pub fn set_replicas(&self, n: u32) {
-        self.replicas.store(n, Ordering::Relaxed);
+    pub fn config(&self) -> &PacerConfig {
+        &self.cfg
     }
 
-    /// The replica count the share is computed from.
+    /// The replica count the registry last gave (0: never learned).
     pub fn replicas(&self) -> u32 {
-        match self.replicas.load(Ordering::Relaxed) {
-            0 => self.max_replicas,
-            n => n.clamp(self.min_replicas, self.max_replicas),
+        self.replicas.load(Ordering::Relaxed)
+    }
+
+    /// The share this replica records at its next registration: `batch / replicas`, floored,
+    /// from the count it learned last (0 before it learned one).
+    pub fn share_to_record(&self) -> u32 {
+        match self.replicas() {
+            0 => 0,
+            n => self.cfg.batch / n.max(self.cfg.min_replicas),
         }
     }
 
-    /// This replica's direct admissions per target and tick while degraded.
-    pub fn share(&self) -> u32 {
-        self.batch.div_ceil(self.replicas())
+    /// A registration recording `share` is sent at `now_ms`.
+    pub fn registering(&self, share: u32, now_ms: u64) {
+        let mut r = self.registration.lock();
+        r.attempted_ms = r.attempted_ms.max(now_ms);
+        r.share = r.share.min(share);
     }
 
-    /// The share a replica that counted `replicas` (clamped like ours) would pace with.
-    pub fn share_of(&self, replicas: u32) -> u32 {
-        self.batch
-            .div_ceil(replicas.clamp(self.min_replicas, self.max_replicas))
+    /// The registration sent at `sent_ms` recorded `share` (what the registry answered it
+    /// recorded); the registry counted `replicas` live or recent instances.
+    pub fn registered(&self, share: u32, sent_ms: u64, replicas: u32) {
+        let mut r = self.registration.lock();
+        r.share = share;
+        r.confirmed_ms = Some(r.confirmed_ms.unwrap_or(0).max(sent_ms));
+        self.replicas.store(replicas, Ordering::Relaxed);
+    }
+
+    /// The share this replica may pace with at `now_ms`, if it may pace at all.
+    pub fn paced_share(&self, now_ms: u64) -> Option<u32> {
+        let r = self.registration.lock();
+        let confirmed = r.confirmed_ms?;
+        let held_back = now_ms < r.attempted_ms.saturating_add(self.cfg.pace_after_ms());
+        let forgotten = now_ms >= confirmed.saturating_add(self.cfg.pace_until_ms());
+        (!held_back && !forgotten).then_some(r.share)
     }
 
     pub fn tick_ms(&self) -> u64 {
-        self.tick_ms
+        self.cfg.tick_ms
     }
 
     /// Records the targets the pump found with a queue (they keep a budget whatever else fills
@@ -127,13 +237,16 @@ impl Pacer {
 
     /// Whether `user` of `target` may be let through now. `last_ok_ms` is when the store last
     /// answered this replica (0: never).
-    pub fn try_admit(&self, target: QueueTarget, user: u64, now_ms: u64, last_ok_ms: u64) -> bool {
-        let window = now_ms / self.tick_ms;
-        if last_ok_ms > 0 && window <= last_ok_ms / self.tick_ms {
+    pub fn try_admit(&self, target: QueueTarget, user: u64, now_ms: u64, last_ok_ms: u64) -> Pace {
+        let window = now_ms / self.cfg.tick_ms;
+        if last_ok_ms > 0 && window <= last_ok_ms / self.cfg.tick_ms {
             // The store answered in this tick: the pump may have admitted its batch in it.
-            return false;
+            return Pace::Held;
         }
-        let share = self.share() as usize;
+        let share = match self.paced_share(now_ms) {
+            Some(share) if share > 0 => share as usize,
+            _ => return Pace::Held,
+        };
         let mut guard = self.budgets.lock();
         let budgets = &mut *guard;
         let table = &mut budgets.per_target;
@@ -141,7 +254,7 @@ impl Pacer {
             table.retain(|_, b| b.window >= window);
             if table.len() >= MAX_PACED_TARGETS {
                 if !budgets.known.contains(&target) {
-                    return false;
+                    return Pace::Spent;
                 }
                 // A known sale takes the place of a target nobody had a queue for.
                 let stranger = table.keys().find(|t| !budgets.known.contains(t)).copied();
@@ -149,7 +262,7 @@ impl Pacer {
                     Some(s) => {
                         table.remove(&s);
                     }
-                    None => return false,
+                    None => return Pace::Spent,
                 }
             }
         }
@@ -165,19 +278,19 @@ impl Pacer {
             b.users.clear();
         }
         if b.users.contains(&user) {
-            return true;
+            return Pace::Admitted;
         }
         if b.users.len() < share {
             b.users.push(user);
-            true
+            Pace::Admitted
         } else {
-            false
+            Pace::Spent
         }
     }
 
     /// Seconds until the next tick, the honest wait for a user the budget could not take now.
     pub fn retry_after_secs(&self, now_ms: u64) -> u64 {
-        let left = self.tick_ms - now_ms % self.tick_ms;
+        let left = self.cfg.tick_ms - now_ms % self.cfg.tick_ms;
         left.div_ceil(1000).max(1)
     }
 }
@@ -276,91 +389,166 @@ mod tests {
         QueueTarget::new(TargetType::LimitedDrop, id)
     }
 
+    fn config(tick_ms: u64, batch: u32, min_replicas: u32) -> PacerConfig {
+        PacerConfig {
+            tick_ms,
+            batch,
+            min_replicas,
+            paced_for_ms: 120_000,
+            call_timeout_ms: 150,
+        }
+    }
+
+    /// A pacer that registered once at epoch ms 0 with `replicas` counted, and has been cut off
+    /// since; `PACING` is a moment inside its pacing window.
+    fn cut_off(tick_ms: u64, batch: u32, replicas: u32) -> Pacer {
+        let p = Pacer::new(config(tick_ms, batch, 1));
+        p.registering(0, 0);
+        p.registered(0, 0, replicas);
+        let share = p.share_to_record();
+        p.registering(share, 0);
+        p.registered(share, 0, replicas);
+        p
+    }
+
+    const PACING: u64 = 50_000;
+
     #[test]
-    fn share_follows_the_replica_count_within_bounds() {
-        let p = Pacer::new(2000, 100, 1, 16);
-        assert_eq!(p.replicas(), 16, "never learned: the ceiling");
-        assert_eq!(p.share(), 7);
-        p.set_replicas(3);
-        assert_eq!(p.share(), 34);
-        p.set_replicas(1000);
-        assert_eq!(p.replicas(), 16);
-        let floor = Pacer::new(2000, 100, 4, 16);
-        floor.set_replicas(1);
-        assert_eq!(floor.share(), 25);
+    fn the_share_is_floored_and_assumes_at_least_min_replicas() {
+        let p = Pacer::new(config(2000, 100, 1));
+        assert_eq!(p.share_to_record(), 0, "never learned: nothing");
+        p.registered(0, 0, 3);
+        assert_eq!(p.share_to_record(), 33);
+        p.registered(0, 0, 1000);
+        assert_eq!(p.share_to_record(), 0, "more replicas than the batch");
+        let floor = Pacer::new(config(2000, 100, 4));
+        floor.registered(0, 0, 1);
+        assert_eq!(floor.share_to_record(), 25);
+    }
+
+    #[test]
+    fn paces_only_inside_the_window_the_pumps_reserve_for() {
+        // Tick 1 s: live window 3 s, so pacing starts 150 + 3000 + 1000 ms after the last
+        // registration sent, and stops 2 s before the 120 s the pumps reserve for.
+        let p = Pacer::new(config(1000, 10, 1));
+        assert_eq!(p.paced_share(10_000), None, "never registered");
+        p.registering(0, 1_000);
+        p.registered(0, 1_000, 2);
+        p.registering(5, 2_000);
+        p.registered(5, 2_000, 2);
+        assert_eq!(p.config().pace_after_ms(), 4_150);
+        assert_eq!(p.paced_share(6_149), None, "a pump may still count it live");
+        assert_eq!(p.paced_share(6_150), Some(5));
+        assert_eq!(p.paced_share(119_999), Some(5));
+        assert_eq!(
+            p.paced_share(120_000),
+            None,
+            "the pumps are about to forget it"
+        );
+        assert_eq!(
+            p.try_admit(t(1), 1, 130_000, 2_000),
+            Pace::Held,
+            "nobody after the window"
+        );
+        // An attempt whose answer was lost may have landed: it holds pacing back again, and its
+        // smaller share is the one paced with.
+        p.registering(3, 60_000);
+        assert_eq!(p.paced_share(64_149), None);
+        assert_eq!(p.paced_share(64_150), Some(3));
+        // A larger share than the one confirmed is never paced with before it is confirmed.
+        p.registering(8, 70_000);
+        assert_eq!(p.paced_share(80_000), Some(3));
+        p.registered(8, 70_000, 1);
+        assert_eq!(p.paced_share(80_000), Some(8));
+        assert_eq!(
+            p.paced_share(187_999),
+            Some(8),
+            "the window runs from the last confirmed registration"
+        );
+        assert_eq!(p.paced_share(188_000), None);
     }
 
     #[test]
     fn admits_at_most_the_share_per_tick_and_target() {
-        let p = Pacer::new(1000, 10, 1, 8);
-        p.set_replicas(2);
-        let now = 50_000;
+        let p = cut_off(1000, 10, 2);
+        let now = PACING;
         let admitted = (0..100u64)
-            .filter(|u| p.try_admit(t(1), *u, now, 0))
+            .filter(|u| p.try_admit(t(1), *u, now, 0) == Pace::Admitted)
             .count();
         assert_eq!(admitted, 5);
-        assert!(
+        assert_eq!(
             p.try_admit(t(2), 1, now + 10, 0),
+            Pace::Admitted,
             "another target has its own budget"
         );
-        assert!(!p.try_admit(t(1), 500, now + 999, 0));
-        assert!(p.try_admit(t(1), 3, now + 999, 0), "an admitted user again");
+        assert_eq!(p.try_admit(t(1), 500, now + 999, 0), Pace::Spent);
+        assert_eq!(
+            p.try_admit(t(1), 3, now + 999, 0),
+            Pace::Admitted,
+            "an admitted user again"
+        );
         let next = (100..200u64)
-            .filter(|u| p.try_admit(t(1), *u, now + 1000, 0))
+            .filter(|u| p.try_admit(t(1), *u, now + 1000, 0) == Pace::Admitted)
             .count();
         assert_eq!(next, 5, "a new tick, a new budget");
     }
 
     #[test]
     fn a_late_clock_reading_never_reopens_an_old_tick() {
-        let p = Pacer::new(1000, 4, 1, 1);
-        p.set_replicas(1);
+        let p = cut_off(1000, 4, 1);
         let admitted = |from: u64, at: u64| {
             (from..from + 100)
-                .filter(|u| p.try_admit(t(1), *u, at, 0))
+                .filter(|u| p.try_admit(t(1), *u, at, 0) == Pace::Admitted)
                 .count()
         };
-        assert_eq!(admitted(0, 10_500), 4);
+        assert_eq!(admitted(0, PACING + 500), 4);
         // Requests that read the clock in the previous tick and reach the pacer only now (they
         // waited on the store) spend this tick's budget, which is gone.
-        assert_eq!(admitted(100, 9_900), 0);
-        assert_eq!(admitted(200, 10_900), 0);
-        assert_eq!(admitted(300, 11_000), 4);
+        assert_eq!(admitted(100, PACING - 100), 0);
+        assert_eq!(admitted(200, PACING + 900), 0);
+        assert_eq!(admitted(300, PACING + 1000), 4);
     }
 
     #[test]
     fn a_user_asking_again_spends_nothing() {
-        let p = Pacer::new(1000, 2, 1, 1);
-        p.set_replicas(1);
+        let p = cut_off(1000, 2, 1);
         for _ in 0..10 {
-            assert!(p.try_admit(t(1), 7, 1_000, 0));
+            assert_eq!(p.try_admit(t(1), 7, PACING, 0), Pace::Admitted);
         }
-        assert!(p.try_admit(t(1), 8, 1_000, 0));
-        assert!(!p.try_admit(t(1), 9, 1_000, 0));
+        assert_eq!(p.try_admit(t(1), 8, PACING, 0), Pace::Admitted);
+        assert_eq!(p.try_admit(t(1), 9, PACING, 0), Pace::Spent);
     }
 
     #[test]
     fn nobody_in_a_tick_where_the_store_answered() {
-        let p = Pacer::new(1000, 10, 1, 1);
-        p.set_replicas(1);
-        assert!(!p.try_admit(t(1), 1, 5_500, 5_100));
-        assert!(p.try_admit(t(1), 1, 6_000, 5_100));
+        let p = cut_off(1000, 10, 1);
+        assert_eq!(p.try_admit(t(1), 1, PACING + 500, PACING + 100), Pace::Held);
+        assert_eq!(
+            p.try_admit(t(1), 1, PACING + 1000, PACING + 100),
+            Pace::Admitted
+        );
     }
 
     #[test]
     fn the_target_table_is_bounded_and_known_sales_keep_a_budget() {
-        let p = Pacer::new(1000, 10, 1, 1);
+        let p = cut_off(1000, 10, 1);
         p.set_known(&[t(1)]);
         for id in 100..100 + MAX_PACED_TARGETS as u64 {
-            assert!(p.try_admit(t(id), 1, 1_000, 0));
+            assert_eq!(p.try_admit(t(id), 1, PACING, 0), Pace::Admitted);
         }
-        assert!(!p.try_admit(t(999_999), 1, 1_500, 0), "full in this tick");
-        assert!(
-            p.try_admit(t(1), 1, 1_500, 0),
+        assert_eq!(
+            p.try_admit(t(999_999), 1, PACING + 500, 0),
+            Pace::Spent,
+            "full in this tick"
+        );
+        assert_eq!(
+            p.try_admit(t(1), 1, PACING + 500, 0),
+            Pace::Admitted,
             "a known sale still gets its budget"
         );
-        assert!(
-            p.try_admit(t(999_999), 1, 2_000, 0),
+        assert_eq!(
+            p.try_admit(t(999_999), 1, PACING + 1000, 0),
+            Pace::Admitted,
             "stale entries make room"
         );
     }
@@ -389,7 +577,7 @@ mod tests {
 
     #[test]
     fn retry_after_is_the_rest_of_the_tick() {
-        let p = Pacer::new(2000, 1, 1, 1);
+        let p = Pacer::new(config(2000, 1, 1));
         assert_eq!(p.retry_after_secs(10_000), 2);
         assert_eq!(p.retry_after_secs(11_500), 1);
     }

@@ -60,7 +60,8 @@ pub struct Metrics {
     /// `oom` (Redis at maxmemory) or `saturated` (this replica's in-flight limit).
     pub refused: IntCounterVec,
     /// `virtual_queue_failopen_answers_total{mode, outcome}`: enter/poll answered while degraded:
-    /// `direct_admitted`, `waiting` (the paced budget is used up) or `refused` (closed mode).
+    /// `direct_admitted`, `waiting` (the paced budget is used up), `held` (paced mode, but this
+    /// replica may not pace now: see `failopen`) or `refused` (closed mode).
     pub failopen: IntCounterVec,
     /// `virtual_queue_replicas`: live replicas in the instance registry at the last tick.
     pub replicas: IntGauge,

@@ -20,15 +20,7 @@ use crate::config::QueueConfig;
 use crate::failopen::Pacer;
 use crate::metrics::Metrics;
 use crate::queue::{millis, QueueTarget};
-use crate::store::{AdvanceOutcome, QueueStore, StoreGuard};
-
-/// An instance counts as live in the registry if it ticked within 3 ticks, and never less than
-/// this (short test ticks would otherwise drop live instances between two ticks).
-const REGISTRY_MIN_WINDOW: Duration = Duration::from_secs(2);
-
-/// An instance that stopped registering without a clean shutdown is assumed to be cut off from
-/// Redis and pacing for this long (the pump lowers its batch by that instance's share meanwhile).
-pub const REGISTRY_RECENT: Duration = Duration::from_secs(120);
+use crate::store::{AdvanceOutcome, QueueStore, Registering, StoreGuard};
 
 /// What one tick did, for tests and logs.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -74,6 +66,8 @@ pub struct Pump {
     /// Targets this instance found with an empty queue at its last visit: empty twice in a row,
     /// a target is retired from the active set (it stops counting against the cap).
     empty: parking_lot::Mutex<BTreeSet<QueueTarget>>,
+    /// What the registry last said the instances that stopped registering may be pacing.
+    reserved: std::sync::atomic::AtomicU32,
 }
 
 impl Pump {
@@ -93,6 +87,7 @@ impl Pump {
             instance: instance_id(),
             held: Default::default(),
             empty: Default::default(),
+            reserved: Default::default(),
         }
     }
 
@@ -111,27 +106,13 @@ impl Pump {
         if !store.started() {
             return report;
         }
-        // The instance registry: how many replicas share the budget if the store fails later,
-        // and how many stopped registering without a clean shutdown (they may be cut off from
-        // Redis and pacing their share: the batch is lowered by that much meanwhile).
-        let batch = match store
-            .register_instance(&self.instance, self.live_window(), REGISTRY_RECENT, false)
-            .await
-        {
-            Ok(n) => {
-                // The pacer divides by every replica seen recently: one that died lately makes
-                // each share smaller (fewer admissions), never larger.
-                self.pacer.set_replicas(n.recent.max(n.live));
-                self.metrics.replicas.set(i64::from(n.live));
-                let missing = n.recent.saturating_sub(n.live);
-                let share = self.pacer.share_of(n.recent);
-                self.cfg
-                    .batch_size
-                    .get()
-                    .saturating_sub(missing.saturating_mul(share))
-            }
-            Err(_) => self.cfg.batch_size.get(),
-        };
+        // The instances that stopped registering may be pacing their recorded shares on their
+        // own: this tick admits that much less.
+        let batch = self
+            .cfg
+            .batch_size
+            .get()
+            .saturating_sub(self.register().await);
         // Failures are counted (and logged once per outage) by the store guard.
         let targets = match store.active_targets(self.clock.now()).await {
             Ok(t) => t,
@@ -167,6 +148,52 @@ impl Pump {
         }
         *self.held.lock() = held;
         report
+    }
+
+    /// Records this instance in the registry with the share it would pace if cut off, and
+    /// answers how many admissions per tick the instances that stopped registering may be making
+    /// on their own (the pump's batch is lowered by that much). While its own store fails, this
+    /// instance sends no registration: one that landed would keep it live in the other pumps'
+    /// eyes while it paces (`failopen`), and the last known reservation stands.
+    async fn register(&self) -> u32 {
+        if self.store.degraded() {
+            return self.reserved.load(std::sync::atomic::Ordering::Relaxed);
+        }
+        let share = self.pacer.share_to_record();
+        let sent = self.clock.now().epoch_ms;
+        self.pacer.registering(share, sent);
+        let Ok(n) = self
+            .store
+            .register_instance(self.registering(share, false))
+            .await
+        else {
+            return self.reserved.load(std::sync::atomic::Ordering::Relaxed);
+        };
+        // The pacer divides by every replica seen recently: one that died lately makes each
+        // share smaller (fewer admissions), never larger.
+        self.pacer
+            .registered(n.recorded, sent, n.recent.max(n.live));
+        self.metrics.replicas.set(i64::from(n.live));
+        // An instance of a version that records no share paces ⌈batch / replicas⌉.
+        let unrecorded = n
+            .unrecorded
+            .saturating_mul(self.cfg.batch_size.get().div_ceil(n.recent.max(1)));
+        let reserved = n.reserved.saturating_add(unrecorded);
+        self.reserved
+            .store(reserved, std::sync::atomic::Ordering::Relaxed);
+        reserved
+    }
+
+    fn registering(&self, share: u32, leave: bool) -> Registering<'_> {
+        let c = self.pacer.config();
+        Registering {
+            instance: &self.instance,
+            share,
+            batch: self.cfg.batch_size.get(),
+            live_window: Duration::from_millis(c.live_window_ms()),
+            recent_window: Duration::from_millis(c.paced_for_ms),
+            leave,
+        }
     }
 
     /// Returns whether this instance held the target's lock.
@@ -253,10 +280,6 @@ impl Pump {
         now_ms.saturating_sub(timeout).saturating_sub(credit)
     }
 
-    fn live_window(&self) -> Duration {
-        self.cfg.tick.mul_f64(3.0).max(REGISTRY_MIN_WINDOW)
-    }
-
     /// Releases the locks this instance holds, so another instance takes over at its next tick.
     async fn release(&self) {
         let held: Vec<QueueTarget> = self.held.lock().iter().copied().collect();
@@ -302,7 +325,7 @@ impl BackgroundService for Pump {
         // A clean shutdown leaves the registry, so the others do not count this one as cut off.
         let _ = self
             .store
-            .register_instance(&self.instance, self.live_window(), REGISTRY_RECENT, true)
+            .register_instance(self.registering(0, true))
             .await;
         tracing::info!(instance = %self.instance, "admission pump stopped");
     }

@@ -104,6 +104,9 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     check_free("server.admin_listen", config.server.admin_listen)?;
     let upstream = resolve(&config.upstream.address)?;
     let metrics = Metrics::new().map_err(|e| StartError::Metrics(e.to_string()))?;
+    if config.fail_open.max_replicas_ignored {
+        tracing::warn!("{}", crate::config::MAX_REPLICAS_IGNORED);
+    }
 
     let mut conf = ServerConf {
         threads: config.server.threads,

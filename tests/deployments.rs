@@ -53,7 +53,6 @@ fn budget() -> Budget {
     Budget {
         tick_ms: TICK_MS,
         batch: BATCH,
-        replicas: REPLICAS,
     }
 }
 

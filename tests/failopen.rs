@@ -291,7 +291,7 @@ fn closed_mode_refuses_while_redis_is_down_and_the_gate_still_verifies() {
 }
 
 #[test]
-fn paced_mode_lets_through_at_most_the_share_per_tick() {
+fn paced_mode_waits_out_the_live_window_then_lets_through_the_share_per_tick() {
     let mut redis = RedisServer::start();
     let up = Upstream::start();
     // One replica learns it is alone (registry), so its share is the whole batch of 3 per tick.
@@ -303,19 +303,42 @@ fn paced_mode_lets_through_at_most_the_share_per_tick() {
     assert!(wait_until(Duration::from_secs(5), || gw
         .metrics()
         .contains("virtual_queue_replicas 1")));
+    // Its share is recorded with its second registration (the first one taught it the count).
+    let registered = || {
+        let members = redis
+            .cmd(&["ZRANGE", "queue:instances", "0", "-1"])
+            .as_vec();
+        members.len() == 1 && members[0].as_str().is_some_and(|m| m.ends_with("|3"))
+    };
+    assert!(wait_until(Duration::from_secs(5), registered));
     redis.kill();
-    // Wait for the start of a tick in which the store has not answered.
+    let killed = Instant::now();
+    // No registration can have been sent after the kill; the last one was at most a tick before
+    // it. Until the live window (2 s here) and a tick have passed since then, a pump elsewhere
+    // may still count this replica live: it lets nobody through.
+    let mut user = 100;
+    let mut held = 0;
+    while killed.elapsed() < Duration::from_millis(2000) {
+        user += 1;
+        let (status, v, _) = enter(&mut c, user);
+        assert_eq!(status, 200);
+        assert_eq!(v["degraded"], true);
+        assert_eq!(
+            v["status"],
+            "WAITING",
+            "let through {:?} after the outage began",
+            killed.elapsed()
+        );
+        held += 1;
+    }
+    assert!(held > 0);
+    // Then it paces: at most the share per tick.
     let tick_of = |t: std::time::SystemTime| {
         t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() / 1000
     };
-    let down_tick = tick_of(std::time::SystemTime::now());
-    assert!(wait_until(Duration::from_secs(3), || tick_of(
-        std::time::SystemTime::now()
-    ) > down_tick));
+    let mut first_direct = None;
     let mut per_tick: std::collections::BTreeMap<u128, (u32, u32)> = Default::default();
-    let until = Instant::now() + Duration::from_millis(2500);
-    let mut user = 100;
-    while Instant::now() < until {
+    while killed.elapsed() < Duration::from_millis(6500) {
         user += 1;
         let tick = tick_of(std::time::SystemTime::now());
         let (status, v, _) = enter(&mut c, user);
@@ -327,7 +350,10 @@ fn paced_mode_lets_through_at_most_the_share_per_tick() {
         assert_eq!(v["degraded"], true);
         let e = per_tick.entry(tick).or_default();
         match v["status"].as_str() {
-            Some("DIRECT_ADMITTED") => e.0 += 1,
+            Some("DIRECT_ADMITTED") => {
+                first_direct.get_or_insert(killed.elapsed());
+                e.0 += 1
+            }
             Some("WAITING") => {
                 assert_eq!(v["position"], serde_json::Value::Null);
                 assert!(v["etaSeconds"].as_u64().is_some_and(|s| s >= 1));
@@ -336,7 +362,16 @@ fn paced_mode_lets_through_at_most_the_share_per_tick() {
             other => panic!("{other:?}"),
         }
     }
-    eprintln!("paced: (direct, waiting) per tick: {per_tick:?}");
+    eprintln!(
+        "paced from {first_direct:?} after the kill: (direct, waiting) per tick: {per_tick:?}"
+    );
+    let first_direct = first_direct.expect("nobody was let through");
+    // The last registration was sent at most a tick (plus scheduling) before the kill: pacing
+    // begins by 150 ms + 2 s + 1 s after it.
+    assert!(
+        first_direct <= Duration::from_millis(4500),
+        "{first_direct:?}"
+    );
     for (tick, (direct, _)) in &per_tick {
         assert!(*direct <= 3, "tick {tick}: {direct} let through");
     }
@@ -344,6 +379,11 @@ fn paced_mode_lets_through_at_most_the_share_per_tick() {
     assert!(
         per_tick.values().any(|(d, w)| *d == 3 && *w > 0),
         "{per_tick:?}"
+    );
+    let m = gw.metrics();
+    assert!(
+        m.contains("virtual_queue_failopen_answers_total{mode=\"paced\",outcome=\"held\"}"),
+        "{m}"
     );
 }
 
@@ -362,9 +402,13 @@ fn starts_without_redis_and_connects_when_it_appears() {
     let mut c = gw.client();
     let (status, v, took) = enter(&mut c, 1);
     assert_eq!(status, 200);
-    // Degraded per the default paced mode: this replica never learned its replica count, so its
-    // share is batch_size / max_replicas, at least one user per tick.
+    // Degraded per the default paced mode. This replica never registered, so no pump reserves a
+    // share for it: it lets nobody through and says so.
     assert_eq!(v["degraded"], true);
+    assert_eq!(v["status"], "WAITING");
+    assert!(gw
+        .metrics()
+        .contains("virtual_queue_failopen_answers_total{mode=\"paced\",outcome=\"held\"} 1"));
     assert!(took < Duration::from_millis(500), "{took:?}");
     assert_eq!(
         gw.client().get("/anything", &[]).unwrap().status,

@@ -5,10 +5,10 @@
 //!
 //! For each fault: no 5xx, degraded mode ends within a second of Redis answering again, no user
 //! who held a position is lost, and the purchases the backend sees stay within the documented
-//! bound: in any `n` consecutive ticks at most `(n + 2) × (batch + replicas − 1)` (README,
-//! "Failures"): one tick of lag for users who buy the tick after their admission, one extra
-//! batch for an advance that was sent before a stall and ran when Redis resumed, and the paced
-//! share's rounding.
+//! bound: in any `n` consecutive ticks at most `(n + 2) × batch` (README, "Failures"): one tick
+//! of lag for users who buy the tick after their admission, and one extra batch for an advance
+//! that was sent before a stall and ran when Redis resumed. (Each replica's paced share is
+//! floored, so the shares add up to at most a batch.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -94,7 +94,6 @@ fn assert_kept(sale: &Sale, events: &[Event], what: &str, lag_ticks: u64) {
     let budget = Budget {
         tick_ms: TICK_MS,
         batch: BATCH,
-        replicas: REPLICAS,
     };
     load::assert_kept(events, &sale.purchases_ms(), budget, what, lag_ticks);
 }
@@ -142,7 +141,7 @@ fn redis_pauses_under_load_end_within_a_second_and_hold_the_budget() {
         .map(|e| e.end_ms)
         .collect();
     let per_tick = max_per_window(&direct, TICK_MS, 4);
-    let share = BATCH.div_ceil(REPLICAS);
+    let share = BATCH / REPLICAS;
     eprintln!(
         "10 s pause: {} direct admissions to the sale, max per 1/2/3/4 ticks {per_tick:?}",
         direct.len()
@@ -416,7 +415,7 @@ fn replica_restarted_under_load_never_answers_before_its_store() {
 }
 
 #[test]
-fn a_replica_starting_during_an_outage_waits_then_paces() {
+fn a_replica_starting_during_an_outage_waits_then_holds_everyone() {
     let _serial = serial();
     let redis = RedisServer::start();
     let up = Upstream::start();
@@ -448,6 +447,8 @@ fn a_replica_starting_during_an_outage_waits_then_paces() {
         .unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["degraded"], true);
+    // It never registered, so no pump holds a share back for it: it lets nobody through.
+    assert_eq!(r.json()["status"], "WAITING");
     redis.resume();
 }
 
@@ -482,11 +483,100 @@ fn a_replica_that_stops_registering_lowers_the_pump_batch_by_its_share() {
     let _ = load.stop();
     s.gws[1].signal("CONT");
     let admitted = after - before;
-    let lowered = BATCH - BATCH.div_ceil(REPLICAS);
+    let lowered = BATCH - BATCH / REPLICAS;
     eprintln!("one replica silent: {admitted} admitted in {ticks} ticks (batch {BATCH} lowered to {lowered})");
     assert!(admitted > 0, "admissions stopped");
     assert!(
         admitted <= lowered * (ticks + 1),
         "{admitted} admitted in {ticks} ticks"
     );
+}
+
+#[test]
+fn a_replica_cut_off_from_redis_paces_only_while_the_others_reserve_its_share() {
+    let _serial = serial();
+    let redis = RedisServer::start();
+    let relay = common::relay::Relay::start(format!("127.0.0.1:{}", redis.port).parse().unwrap());
+    let up = Upstream::start();
+    // Replica 1 reaches Redis through the relay. Tick 500 ms: the live window is 2 s, so a
+    // replica cut off paces from 150 ms + 2 s + 500 ms after its last registration until two
+    // ticks before `paced_for_s`; the other pump lowers its batch by the cut-off replica's share
+    // from 2 s after that registration until `paced_for_s` after it.
+    let mut cfgs = vec![config(&redis, &up), config(&redis, &up)];
+    cfgs[1].store.redis_url = relay.url();
+    for c in &mut cfgs {
+        c.fail_open.paced_for_s = Some(6);
+    }
+    let gws: Vec<GatewayProc> = cfgs.into_iter().map(GatewayProc::start).collect();
+    for gw in &gws {
+        assert!(wait_until(Duration::from_secs(5), || gw
+            .metrics()
+            .contains(&format!("virtual_queue_replicas {REPLICAS}"))));
+    }
+    // Both shares are recorded (the second registration of each).
+    let share = BATCH / REPLICAS;
+    assert!(wait_until(Duration::from_secs(5), || {
+        let members = redis
+            .cmd(&["ZRANGE", "queue:instances", "0", "-1"])
+            .as_vec();
+        members.len() == 2
+            && members.iter().all(|m| {
+                m.as_str()
+                    .is_some_and(|m| m.ends_with(&format!("|{share}")))
+            })
+    }));
+    let s = Sale { redis, up, gws };
+    let load = s.load();
+    run_for(1500);
+    let admitted = || {
+        metric(
+            &s.gws[0].metrics(),
+            "virtual_queue_admitted_total{target=\"LIMITED_DROP:42\"}",
+        )
+    };
+    let before = admitted();
+    let cut = epoch_ms();
+    relay.cut();
+    run_for(8000);
+    let healed = epoch_ms();
+    let pumped = admitted() - before;
+    relay.heal();
+    run_for(3000);
+    let events = load.stop();
+
+    let direct: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.gateway == 1 && e.direct && e.op != Op::DriveBy)
+        .filter(|e| e.start_ms >= cut && e.start_ms < healed)
+        .collect();
+    let first = direct.iter().map(|e| e.start_ms - cut).min();
+    let last = direct.iter().map(|e| e.end_ms - cut).max();
+    let held = events
+        .iter()
+        .filter(|e| e.gateway == 1 && e.degraded && !e.direct && e.op != Op::DriveBy)
+        .filter(|e| e.start_ms >= cut + 5200 && e.start_ms < healed)
+        .count();
+    let ticks = (healed - cut).div_ceil(TICK_MS);
+    let rec = recovery_ms(&events, healed, u64::MAX);
+    eprintln!(
+        "replica 1 cut off for {} ms: the pump admitted {pumped}, replica 1 let {} through (from {first:?} to {last:?} ms after the cut), {held} degraded answers after its window; degraded mode ended {rec} ms after the heal",
+        healed - cut,
+        direct.len()
+    );
+    // Not while the other pump may still count it live (its last registration was at most a
+    // tick before the cut), not once that pump forgets it: 150 ms + 2 s + 500 ms to 5 s after
+    // its last registration.
+    let (first, last) = (first.expect("replica 1 never paced"), last.unwrap_or(0));
+    assert!(first >= 2000, "paced {first} ms after the cut");
+    assert!(last <= 5100, "still pacing {last} ms after the cut");
+    assert!(held > 0, "no degraded answers after the pacing window");
+    // Together, at most the batch per tick.
+    let together = pumped + direct.len() as u64;
+    assert!(
+        together <= (ticks + 1) * BATCH,
+        "{together} admitted in {ticks} ticks (pump {pumped}, paced {})",
+        direct.len()
+    );
+    assert!(rec <= 2000, "still degraded {rec} ms after the heal");
+    assert_kept(&s, &events, "one replica cut off", 0);
 }

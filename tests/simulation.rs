@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vq_gateway::clock::{Clock, VirtualClock};
-use vq_gateway::failopen::Pacer;
+use vq_gateway::failopen::{Pacer, PacerConfig};
 use vq_gateway::metrics::Metrics;
 use vq_gateway::pump::{Pump, PumpConfig};
 use vq_gateway::queue::{QueueTarget, TargetType};
@@ -82,7 +82,13 @@ async fn simulate(seed: u64, ticks: u64, instances: u64) {
         heartbeat_timeout: Duration::from_millis(HEARTBEAT_MS),
         max_evict_per_tick: NonZeroU32::new(1_000).unwrap(),
     };
-    let pacer = Arc::new(Pacer::new(TICK_MS, BATCH, 1, 16));
+    let pacer = Arc::new(Pacer::new(PacerConfig {
+        tick_ms: TICK_MS,
+        batch: BATCH,
+        min_replicas: 1,
+        paced_for_ms: 120_000,
+        call_timeout_ms: 150,
+    }));
     let pumps: Vec<Pump> = (0..instances)
         .map(|_| {
             let c: Arc<dyn Clock> = clock.clone();

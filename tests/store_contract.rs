@@ -15,7 +15,7 @@ use vq_gateway::queue::{QueueTarget, TargetType};
 use vq_gateway::store::liveness::Liveness;
 use vq_gateway::store::{
     AdvanceOutcome, EnterOutcome, MemoryStore, Now, PollOutcome, QueueStore, RedisStore,
-    TokenCandidate,
+    Registering, TokenCandidate,
 };
 
 const CAP: u64 = 1_000;
@@ -1145,6 +1145,101 @@ async fn enter_time_checkpoints_are_sparse_and_trimmed() {
         .cmd(&["LRANGE", "queue:{LIMITED_DROP:45}:waits", "0", "-1"])
         .as_vec();
     assert_eq!(waits.len(), 19);
+}
+
+fn registering(instance: &str, share: u32, leave: bool) -> Registering<'_> {
+    Registering {
+        instance,
+        share,
+        batch: 10,
+        live_window: Duration::from_millis(300),
+        recent_window: Duration::from_secs(3),
+        leave,
+    }
+}
+
+/// The instance registry (`instances.lua`): each instance's latest share is recorded once, the
+/// recorded shares never add up to more than the batch, and the shares of instances that stopped
+/// registering (recent, not live) are summed for the pump.
+async fn the_registry_reserves_the_shares_of_silent_instances(s: &dyn QueueStore) {
+    // (instance, share asked) -> (live, recent, reserved, recorded)
+    let reg = |i: &'static str, share: u32| async move {
+        let n = s
+            .register_instance(registering(i, share, false))
+            .await
+            .unwrap();
+        assert_eq!(n.unrecorded, 0);
+        (n.live, n.recent, n.reserved, n.recorded)
+    };
+    assert_eq!(reg("a", 5).await, (1, 1, 0, 5));
+    assert_eq!(reg("b", 5).await, (2, 2, 0, 5));
+    // The batch of 10 is taken: a newcomer records nothing until the others give some back.
+    assert_eq!(reg("c", 3).await, (3, 3, 0, 0));
+    assert_eq!(reg("a", 3).await, (3, 3, 0, 3));
+    assert_eq!(reg("c", 3).await, (3, 3, 0, 2));
+    assert_eq!(reg("b", 3).await, (3, 3, 0, 3));
+    assert_eq!(reg("c", 3).await, (3, 3, 0, 3));
+    // b and c go silent: a's pump reserves their shares.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(reg("a", 3).await, (1, 3, 6, 3));
+    // a may grow only into what b and c leave.
+    assert_eq!(reg("a", 7).await, (1, 3, 6, 4));
+    // c comes back asking for less; b leaves cleanly, and a may take what it held.
+    assert_eq!(reg("c", 1).await, (2, 3, 3, 1));
+    let left = s
+        .register_instance(registering("b", 0, true))
+        .await
+        .unwrap();
+    assert_eq!(left.recorded, 0);
+    assert_eq!(reg("a", 7).await, (2, 2, 0, 7));
+    // A smaller request is recorded as asked (a replica that lost the answer paces with it).
+    assert_eq!(reg("a", 2).await, (2, 2, 0, 2));
+}
+
+/// A member without a share (written by a gateway that records none) counts as unrecorded once
+/// it goes silent, holds its ceil share of the batch meanwhile, and its own next registration
+/// replaces it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_members_without_a_share() {
+    let redis = RedisServer::start();
+    let s = connected_redis(&redis).await;
+    let t = redis.cmd(&["TIME"]).as_vec();
+    let now_ms = t[0].as_str().unwrap().parse::<u64>().unwrap() * 1000;
+    let old = (now_ms - 1000).to_string();
+    redis.cmd(&["ZADD", "queue:instances", &old, "old"]);
+    let n = s
+        .register_instance(registering("a", 9, false))
+        .await
+        .unwrap();
+    // "old" holds ⌈10 / 2⌉ of the batch.
+    assert_eq!(
+        (n.live, n.recent, n.reserved, n.unrecorded, n.recorded),
+        (1, 2, 0, 1, 5)
+    );
+    s.register_instance(registering("old", 2, false))
+        .await
+        .unwrap();
+    let members = redis
+        .cmd(&["ZRANGE", "queue:instances", "0", "-1"])
+        .as_vec();
+    let mut names: Vec<String> = members.iter().map(|m| m.as_str().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["a|5", "old|2"]);
+    assert!(redis.cmd(&["PTTL", "queue:instances"]).as_int() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_registry_on_redis() {
+    let redis = RedisServer::start();
+    let s = connected_redis(&redis).await;
+    the_registry_reserves_the_shares_of_silent_instances(s.as_ref()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_registry_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let s = connected_cluster(&cluster).await;
+    the_registry_reserves_the_shares_of_silent_instances(s.as_ref()).await;
 }
 
 /// The first admission of a sequence creates the list of waits: it expires with the target's

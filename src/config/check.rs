@@ -93,20 +93,48 @@ pub(super) fn store(st: &StoreSection) -> Result<StoreConfig, ConfigError> {
     })
 }
 
-pub(super) fn fail_open(fo: &FailOpenSection) -> Result<FailOpenConfig, ConfigError> {
+/// `paced_for_s` when the file does not set it.
+const DEFAULT_PACED_FOR: Duration = Duration::from_secs(120);
+
+/// `[fail_open]`, checked against the queue's tick and the store's timeout: a replica cut off
+/// from the store starts pacing `pace_after` after its last registration and stops two ticks
+/// before `paced_for`; the window must hold at least one tick.
+pub(super) fn fail_open(
+    fo: &FailOpenSection,
+    q: &QueueConfig,
+    st: &StoreConfig,
+) -> Result<FailOpenConfig, ConfigError> {
     let min_replicas = in_range("fail_open.min_replicas", fo.min_replicas, 1, 10_000)? as u32;
-    let max_replicas = in_range("fail_open.max_replicas", fo.max_replicas, 1, 10_000)? as u32;
-    if max_replicas < min_replicas {
-        return Err(invalid(
-            "fail_open.max_replicas",
-            "must be at least fail_open.min_replicas",
-        ));
-    }
-    Ok(FailOpenConfig {
+    let mut config = FailOpenConfig {
         mode: fo.mode,
         min_replicas,
-        max_replicas,
-    })
+        paced_for: DEFAULT_PACED_FOR,
+        max_replicas_ignored: fo.max_replicas.is_some(),
+    };
+    let least = {
+        let c = crate::failopen::PacerConfig::from_config(&config, q, st);
+        Duration::from_millis(c.pace_after_ms() + 3 * c.tick_ms)
+    };
+    config.paced_for = match fo.paced_for_s {
+        None => DEFAULT_PACED_FOR.max(least),
+        Some(s) => {
+            let given = Duration::from_secs(in_range("fail_open.paced_for_s", s, 1, 86_400)?);
+            if given < least && fo.mode == FailOpenMode::Paced {
+                return Err(invalid(
+                    "fail_open.paced_for_s",
+                    format!(
+                        "must be at least {} s with this tick and command timeout: a replica cut \
+                         off from the store waits the command timeout, the registry's live \
+                         window (3 ticks, at least 2 s) and a tick before it paces, and stops \
+                         two ticks before paced_for_s; the window must hold at least one tick",
+                        least.as_millis().div_ceil(1000)
+                    ),
+                ));
+            }
+            given
+        }
+    };
+    Ok(config)
 }
 
 pub(super) fn queue(q: &QueueSection) -> Result<QueueConfig, ConfigError> {

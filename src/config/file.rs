@@ -204,10 +204,18 @@ impl Default for StoreSection {
 #[serde(deny_unknown_fields, default)]
 pub struct FailOpenSection {
     pub mode: FailOpenMode,
-    /// Bounds on the replica count the paced share is computed from; `max_replicas` is also the
-    /// count assumed before the instance registry was ever read.
+    /// The fewest replicas the paced share assumes (`batch_size / max(replicas, min_replicas)`).
     pub min_replicas: u64,
-    pub max_replicas: u64,
+    /// Accepted and ignored: the share no longer assumes a count before the registry was read
+    /// (a replica that never registered does not pace). Kept so that older files still load;
+    /// `check-config` and start-up say it is ignored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_replicas: Option<u64>,
+    /// How long a replica cut off from the store may pace after its last registration, and how
+    /// long the pumps lower their batch by the share of a replica that stopped registering.
+    /// Unset: 120 s, or the least the tick allows if that is longer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paced_for_s: Option<u64>,
 }
 
 impl Default for FailOpenSection {
@@ -215,7 +223,8 @@ impl Default for FailOpenSection {
         FailOpenSection {
             mode: FailOpenMode::Paced,
             min_replicas: 1,
-            max_replicas: 16,
+            max_replicas: None,
+            paced_for_s: None,
         }
     }
 }

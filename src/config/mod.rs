@@ -99,8 +99,14 @@ pub struct StoreConfig {
 pub struct FailOpenConfig {
     pub mode: FailOpenMode,
     pub min_replicas: u32,
-    pub max_replicas: u32,
+    pub paced_for: Duration,
+    /// The file set `fail_open.max_replicas`, which is no longer used (said at start-up and by
+    /// `check-config`).
+    pub max_replicas_ignored: bool,
 }
+
+/// What start-up and `check-config` say about a file that sets `fail_open.max_replicas`.
+pub const MAX_REPLICAS_IGNORED: &str = "fail_open.max_replicas is ignored: a replica paces only after it registered, with the share the registry recorded for it";
 
 /// `[queue]`: admission pace, capacity, liveness, and which targets may have a queue.
 #[derive(Debug, Clone)]
@@ -172,12 +178,15 @@ impl Config {
 
     /// Validates a parsed file.
     pub fn from_file(f: &ConfigFile) -> Result<Config, ConfigError> {
+        let store = check::store(&f.store)?;
+        let queue = check::queue(&f.queue)?;
+        let fail_open = check::fail_open(&f.fail_open, &queue, &store)?;
         Ok(Config {
             server: check::server(&f.server)?,
             upstream: check::upstream(&f.upstream)?,
-            store: check::store(&f.store)?,
-            fail_open: check::fail_open(&f.fail_open)?,
-            queue: check::queue(&f.queue)?,
+            store,
+            fail_open,
+            queue,
             token: check::token(&f.token)?,
             flag: check::flag(&f.flag)?,
             gate: check::gate(&f.gate, &f.upgrade)?,
@@ -193,6 +202,22 @@ impl Config {
             .get()
             .saturating_mul(u64::from(self.queue.max_active_targets.get()))
             .saturating_mul(crate::store::BYTES_PER_WAITING_USER)
+    }
+
+    /// The paced share and window, for the summary.
+    fn pacing_summary(&self) -> String {
+        let fo = &self.fail_open;
+        let c = crate::failopen::PacerConfig::from_config(fo, &self.queue, &self.store);
+        let mut out = format!(
+            " (paced share batch_size / max(replicas, {}); a replica cut off from the store paces from {} ms to {} ms after its last registration)",
+            fo.min_replicas,
+            c.pace_after_ms(),
+            c.pace_until_ms(),
+        );
+        if fo.max_replicas_ignored {
+            out.push_str(&format!("\nwarning: {MAX_REPLICAS_IGNORED}"));
+        }
+        out
     }
 
     /// A short human summary for `check-config`. Holds no secret.
@@ -212,7 +237,7 @@ impl Config {
             .map(|r| format!("{} {} -> {}", r.method, r.template, r.target_type.as_str()))
             .collect();
         format!(
-            "listen {} | admin {} | upstream {}\nstore {} (timeout {} ms, {} calls in flight, start-up wait {} ms)\nfail-open: {} (paced share over {}..={} replicas)\nredis memory with every queue full: ~{} MB (max_capacity x max_active_targets x {} B per waiting user)\nqueue: {} users per {} ms, capacity {}, heartbeat timeout {} s\ntoken: ttl {} s, single use {}, secret from ${}\nflag: enabled {}, rollout {}%\ngated: {}",
+            "listen {} | admin {} | upstream {}\nstore {} (timeout {} ms, {} calls in flight, start-up wait {} ms)\nfail-open: {}{}\nredis memory with every queue full: ~{} MB (max_capacity x max_active_targets x {} B per waiting user)\nqueue: {} users per {} ms, capacity {}, heartbeat timeout {} s\ntoken: ttl {} s, single use {}, secret from ${}\nflag: enabled {}, rollout {}%\ngated: {}",
             s.listen,
             s.admin_listen,
             self.upstream.address,
@@ -221,8 +246,7 @@ impl Config {
             self.store.max_in_flight,
             self.store.startup_wait.as_millis(),
             self.fail_open.mode.as_str(),
-            self.fail_open.min_replicas,
-            self.fail_open.max_replicas,
+            self.pacing_summary(),
             self.worst_case_redis_bytes() / 1_000_000,
             crate::store::BYTES_PER_WAITING_USER,
             q.batch_size,
@@ -341,6 +365,39 @@ mod tests {
         .unwrap();
         assert_eq!(c.gate.routes.len(), 1);
         assert_eq!(c.gate.routes[0].method, http::Method::PUT);
+    }
+
+    #[test]
+    fn the_pacing_window_follows_the_tick() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.fail_open.paced_for, Duration::from_secs(120));
+        // A long tick stretches the default: the window must hold at least a tick after the
+        // live window (3 ticks) and a tick have passed.
+        let c = Config::from_toml("[queue]\ntick_ms = 60000").unwrap();
+        assert_eq!(
+            c.fail_open.paced_for,
+            Duration::from_millis(150 + 7 * 60_000)
+        );
+        let e = err_of("[fail_open]\npaced_for_s = 5");
+        assert!(
+            e.contains("`fail_open.paced_for_s`") && e.contains("at least 15 s"),
+            "{e}"
+        );
+        let c = Config::from_toml("[fail_open]\npaced_for_s = 15").unwrap();
+        assert_eq!(c.fail_open.paced_for, Duration::from_secs(15));
+        // Closed and open modes never pace: any window will do.
+        assert!(Config::from_toml("[fail_open]\nmode = \"closed\"\npaced_for_s = 5").is_ok());
+        // An older file's `max_replicas` loads, and the summary says it is ignored.
+        let c = Config::from_toml("[fail_open]\nmax_replicas = 16").unwrap();
+        assert!(
+            c.summary().contains(MAX_REPLICAS_IGNORED),
+            "{}",
+            c.summary()
+        );
+        assert!(!Config::from_toml("")
+            .unwrap()
+            .summary()
+            .contains("max_replicas"));
     }
 
     #[test]

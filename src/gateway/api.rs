@@ -14,7 +14,7 @@ use super::route::{ApiCall, ApiOp};
 use crate::app::AppState;
 use crate::clock::now;
 use crate::error::ApiError;
-use crate::failopen::FailOpenMode;
+use crate::failopen::{FailOpenMode, Pace};
 use crate::identity::IdentityError;
 use crate::queue::stats_cache::Lookup;
 use crate::queue::{
@@ -178,17 +178,22 @@ fn degraded(
             .inc();
     };
     let retry_after = state.pacer.retry_after_secs(now.epoch_ms);
-    let admit = match mode {
-        FailOpenMode::Open => true,
-        FailOpenMode::Closed => false,
+    let (admit, outcome) = match mode {
+        FailOpenMode::Open => (true, "direct_admitted"),
+        FailOpenMode::Closed => (false, "refused"),
         FailOpenMode::Paced => {
-            state
+            match state
                 .pacer
                 .try_admit(target, user, now.epoch_ms, state.store.last_ok_ms())
+            {
+                Pace::Admitted => (true, "direct_admitted"),
+                Pace::Spent => (false, "waiting"),
+                Pace::Held => (false, "held"),
+            }
         }
     };
+    count(outcome);
     if admit {
-        count("direct_admitted");
         let c = candidate(state, target, user, now);
         state.count_token(target, "issued");
         let status = EntryStatus::DirectAdmitted {
@@ -201,10 +206,8 @@ fn degraded(
         ));
     }
     if mode == FailOpenMode::Closed {
-        count("refused");
         return Ok(Reply::error(&ApiError::QueueUnavailable).retry_after(retry_after));
     }
-    count("waiting");
     let status = EntryStatus::WaitingDegraded {
         eta_seconds: retry_after,
     };

@@ -28,7 +28,9 @@ use async_trait::async_trait;
 use tokio::sync::Semaphore;
 
 use super::breaker::{Admit, Breaker, BreakerConfig, Verdict};
-use super::{Advance, EnterOutcome, Instances, Mint, Now, PollOutcome, QueueStore, StoreError};
+use super::{
+    Advance, EnterOutcome, Instances, Mint, Now, PollOutcome, QueueStore, Registering, StoreError,
+};
 use crate::metrics::Metrics;
 use crate::queue::{QueueStats, QueueTarget};
 
@@ -431,16 +433,8 @@ impl QueueStore for StoreGuard {
         self.run(Class::Gate, "stored_token", fut).await
     }
 
-    async fn register_instance(
-        &self,
-        instance: &str,
-        window: Duration,
-        recent: Duration,
-        leave: bool,
-    ) -> Result<Instances, StoreError> {
-        let fut = self
-            .inner
-            .register_instance(instance, window, recent, leave);
+    async fn register_instance(&self, r: Registering<'_>) -> Result<Instances, StoreError> {
+        let fut = self.inner.register_instance(r);
         self.run(Class::Background, "pump", fut).await
     }
 

@@ -112,6 +112,24 @@ pub enum PollOutcome {
     NotInQueue,
 }
 
+/// One call to the instance registry.
+#[derive(Debug, Clone, Copy)]
+pub struct Registering<'a> {
+    /// This instance's id (never contains `|`).
+    pub instance: &'a str,
+    /// The paced share this instance asks to record: what it would admit per tick if cut off
+    /// from the store.
+    pub share: u32,
+    /// The batch size: the recorded shares never add up to more.
+    pub batch: u32,
+    /// An instance that registered within this window counts as live.
+    pub live_window: std::time::Duration,
+    /// How long an instance that stopped registering stays in the registry.
+    pub recent_window: std::time::Duration,
+    /// A clean shutdown: remove this instance instead of recording it.
+    pub leave: bool,
+}
+
 /// The instance registry's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Instances {
@@ -119,6 +137,15 @@ pub struct Instances {
     pub live: u32,
     /// Instances that registered within the recent window (live ones included).
     pub recent: u32,
+    /// The shares recorded by the instances that are recent but not live (they stopped
+    /// registering without a clean shutdown and may be pacing on their own).
+    pub reserved: u32,
+    /// How many of those recorded no share (a gateway version that records none).
+    pub unrecorded: u32,
+    /// The share recorded for this instance: what it asked for, or less if the others' shares
+    /// leave less of the batch (never less than the smaller of what it asked for and what it
+    /// held before). 0 when leaving.
+    pub recorded: u32,
 }
 
 /// What one `advance` call did.
@@ -260,15 +287,10 @@ pub trait QueueStore: Send + Sync + 'static {
         now: Now,
     ) -> Result<Option<String>, StoreError>;
 
-    /// Records that `instance` is alive (the pump calls it every tick; `leave` removes it on a
-    /// clean shutdown) and answers how many instances did so within `window` and `recent`.
-    async fn register_instance(
-        &self,
-        instance: &str,
-        window: std::time::Duration,
-        recent: std::time::Duration,
-        leave: bool,
-    ) -> Result<Instances, StoreError>;
+    /// Records that an instance is alive with its paced share (the pump calls it every tick
+    /// while its store answers; `leave` removes it on a clean shutdown) and answers what the
+    /// registry holds.
+    async fn register_instance(&self, r: Registering<'_>) -> Result<Instances, StoreError>;
 
     /// Rebuilds the connection (asked for by the breaker when probes keep timing out).
     async fn reconnect(&self) {}

@@ -298,7 +298,6 @@ pub fn max_per_window(times: &[u64], tick_ms: u64, max_n: usize) -> Vec<usize> {
 pub struct Budget {
     pub tick_ms: u64,
     pub batch: u64,
-    pub replicas: u64,
 }
 
 /// The time from `back_ms` (Redis answers again) to the end of the last degraded answer to a
@@ -343,11 +342,7 @@ pub fn assert_kept(
     what: &str,
     lag_ticks: u64,
 ) {
-    let Budget {
-        tick_ms,
-        batch,
-        replicas,
-    } = budget;
+    let Budget { tick_ms, batch } = budget;
     let total = events.len();
     let by_status = |s: u16| events.iter().filter(|e| e.status == s).count();
     let five_xx = events.iter().filter(|e| e.status >= 500).count();
@@ -363,7 +358,7 @@ pub fn assert_kept(
     let windows = max_per_window(purchases, tick_ms, 20);
     for (i, max) in windows.iter().enumerate() {
         let n = i as u64 + 1;
-        let bound = (n + 2 + lag_ticks) * (batch + replicas - 1);
+        let bound = (n + 2 + lag_ticks) * batch;
         assert!(
             *max as u64 <= bound,
             "{what}: {max} purchases in {n} ticks, bound {bound}; per window {windows:?}"

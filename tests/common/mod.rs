@@ -17,6 +17,7 @@ pub mod load;
 pub mod nginx;
 pub mod raw;
 pub mod redis;
+pub mod relay;
 pub mod upstream;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};

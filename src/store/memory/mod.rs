@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use super::liveness::Liveness;
 use super::{
     Advance, AdvanceOutcome, EnterOutcome, Instances, Mint, Now, PollOutcome, QueueStore,
-    StoreError, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS,
-    WAIT_SAMPLES,
+    Registering, StoreError, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS,
+    TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
 
@@ -574,14 +574,16 @@ impl QueueStore for MemoryStore {
     }
 
     /// One process: the only instance there is.
-    async fn register_instance(
-        &self,
-        _instance: &str,
-        _window: Duration,
-        _recent: Duration,
-        _leave: bool,
-    ) -> Result<Instances, StoreError> {
-        Ok(Instances { live: 1, recent: 1 })
+    /// The embedded store serves one process: it is the only instance, and it is never cut off
+    /// from its store.
+    async fn register_instance(&self, r: Registering<'_>) -> Result<Instances, StoreError> {
+        Ok(Instances {
+            live: 1,
+            recent: 1,
+            reserved: 0,
+            unrecorded: 0,
+            recorded: if r.leave { 0 } else { r.share.min(r.batch) },
+        })
     }
 }
 

@@ -42,7 +42,7 @@ use super::liveness::Liveness;
 use super::replies::{self, as_u64, reply_array, PollReply};
 use super::scripts::{Key, Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_KEY};
 use super::{
-    Advance, EnterOutcome, Instances, Mint, Now, PollOutcome, QueueStore, StoreError,
+    Advance, EnterOutcome, Instances, Mint, Now, PollOutcome, QueueStore, Registering, StoreError,
     ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
@@ -784,18 +784,17 @@ impl QueueStore for RedisStore {
             .and_then(|v| v.split_once('|').map(|(_, token)| token.to_string())))
     }
 
-    async fn register_instance(
-        &self,
-        instance: &str,
-        window: Duration,
-        recent: Duration,
-        leave: bool,
-    ) -> Result<Instances, StoreError> {
+    async fn register_instance(&self, r: Registering<'_>) -> Result<Instances, StoreError> {
+        if r.instance.contains('|') {
+            return Err(StoreError::Protocol("an instance id contains '|'".into()));
+        }
         let argv = vec![
-            instance.into(),
-            millis(window).max(1).to_string().into(),
-            millis(recent).max(1).to_string().into(),
-            if leave { "leave" } else { "register" }.into(),
+            r.instance.into(),
+            millis(r.live_window).max(1).to_string().into(),
+            millis(r.recent_window).max(1).to_string().into(),
+            if r.leave { "leave" } else { "register" }.into(),
+            r.share.to_string().into(),
+            r.batch.to_string().into(),
         ];
         let reply = self
             .eval(
@@ -814,6 +813,9 @@ impl QueueStore for RedisStore {
         Ok(Instances {
             live: count(0)?,
             recent: count(1)?,
+            reserved: count(2)?,
+            unrecorded: count(3)?,
+            recorded: count(4)?,
         })
     }
 
