@@ -10,9 +10,9 @@
 //!   of the replicas that stopped registering (they may be cut off from Redis and pacing) for
 //!   `paced_for` after their last registration. A replica paces only while every pump is sure to
 //!   be doing that:
-//!   - not before `pace_after` (command timeout + the registry's live window + a tick) has passed
-//!     since it last sent a registration (until then a pump may still count it live and admit
-//!     the whole batch); its pump sends none while its store is failing;
+//!   - not before `pace_after` (4 command timeouts + the registry's live window + a tick) has
+//!     passed since it last sent a registration (until then a pump may still count it live and
+//!     admit the whole batch); its pump sends none, and admits nobody, while its store is failing;
 //!   - not after `paced_for − 2 ticks` since the last registration Redis confirmed (from then on
 //!     the pumps forget it and admit the whole batch again); it then admits nobody until the
 //!     store answers;
@@ -102,10 +102,14 @@ impl PacerConfig {
     }
 
     /// How long after its last registration attempt a cut-off replica waits before pacing: until
-    /// the attempt can no longer land, every pump has stopped counting it live, and a tick more
-    /// (a pump that read the registry just before uses that batch for the rest of its tick).
+    /// the attempt can no longer land (a command timeout), every pump has stopped counting it
+    /// live (the live window), and the longest a pump admits by one registry reading has passed
+    /// (`pump.rs` reads again after a quarter tick; a visit that began before then takes a lock,
+    /// advances, may wait up to a quarter tick and advance again: under a tick and three
+    /// command timeouts).
     pub fn pace_after_ms(&self) -> u64 {
         self.call_timeout_ms
+            .saturating_mul(4)
             .saturating_add(self.live_window_ms())
             .saturating_add(self.tick_ms)
     }
@@ -146,14 +150,24 @@ struct Budgets {
     /// Targets the pump last saw with a queue: they always get a budget, however many made-up
     /// targets clients send during an outage.
     known: std::collections::HashSet<QueueTarget>,
+    /// The newest window anyone was let through in, and how many users of targets the pump did
+    /// not know were let through in it.
+    window: u64,
+    strangers: usize,
 }
+
+/// How many users of targets the pump did not know a replica lets through per tick, all such
+/// targets together: made-up targets cannot make it hold more than this (plus the known sales'
+/// shares) however large the share.
+const MAX_STRANGER_USERS: usize = 65_536;
 
 #[derive(Debug, Clone)]
 struct Budget {
     window: u64,
     /// Users let through in this window (a user who asks again gets through again without
-    /// spending more of the budget: the same user, the same tick, the same token).
-    users: Vec<u64>,
+    /// spending more of the budget: the same user, the same tick, the same token). A set: a
+    /// share can be large, and every degraded enter and poll looks here.
+    users: std::collections::HashSet<u64>,
 }
 
 /// What the pacer decided for one degraded enter or poll.
@@ -215,6 +229,11 @@ impl Pacer {
         self.replicas.store(replicas, Ordering::Relaxed);
     }
 
+    /// The smallest share the registry may hold for this replica.
+    pub fn recorded_share(&self) -> u32 {
+        self.registration.lock().share
+    }
+
     /// The share this replica may pace with at `now_ms`, if it may pace at all.
     pub fn paced_share(&self, now_ms: u64) -> Option<u32> {
         let r = self.registration.lock();
@@ -268,7 +287,7 @@ impl Pacer {
         }
         let b = table.entry(target).or_insert(Budget {
             window,
-            users: Vec::new(),
+            users: Default::default(),
         });
         // Windows only move forward: a request whose clock reading is older than the budget's
         // window (it waited on the store) spends the current window's budget, never reopens an
@@ -280,12 +299,21 @@ impl Pacer {
         if b.users.contains(&user) {
             return Pace::Admitted;
         }
-        if b.users.len() < share {
-            b.users.push(user);
-            Pace::Admitted
-        } else {
-            Pace::Spent
+        if b.users.len() >= share {
+            return Pace::Spent;
         }
+        if window > budgets.window {
+            budgets.window = window;
+            budgets.strangers = 0;
+        }
+        if !budgets.known.contains(&target) {
+            if budgets.strangers >= MAX_STRANGER_USERS {
+                return Pace::Spent;
+            }
+            budgets.strangers += 1;
+        }
+        b.users.insert(user);
+        Pace::Admitted
     }
 
     /// Seconds until the next tick, the honest wait for a user the budget could not take now.
@@ -428,7 +456,7 @@ mod tests {
 
     #[test]
     fn paces_only_inside_the_window_the_pumps_reserve_for() {
-        // Tick 1 s: live window 3 s, so pacing starts 150 + 3000 + 1000 ms after the last
+        // Tick 1 s: live window 3 s, so pacing starts 4 × 150 + 3000 + 1000 ms after the last
         // registration sent, and stops 2 s before the 120 s the pumps reserve for.
         let p = Pacer::new(config(1000, 10, 1));
         assert_eq!(p.paced_share(10_000), None, "never registered");
@@ -436,9 +464,9 @@ mod tests {
         p.registered(0, 1_000, 2);
         p.registering(5, 2_000);
         p.registered(5, 2_000, 2);
-        assert_eq!(p.config().pace_after_ms(), 4_150);
-        assert_eq!(p.paced_share(6_149), None, "a pump may still count it live");
-        assert_eq!(p.paced_share(6_150), Some(5));
+        assert_eq!(p.config().pace_after_ms(), 4_600);
+        assert_eq!(p.paced_share(6_599), None, "a pump may still count it live");
+        assert_eq!(p.paced_share(6_600), Some(5));
         assert_eq!(p.paced_share(119_999), Some(5));
         assert_eq!(
             p.paced_share(120_000),
@@ -453,8 +481,9 @@ mod tests {
         // An attempt whose answer was lost may have landed: it holds pacing back again, and its
         // smaller share is the one paced with.
         p.registering(3, 60_000);
-        assert_eq!(p.paced_share(64_149), None);
-        assert_eq!(p.paced_share(64_150), Some(3));
+        assert_eq!(p.paced_share(64_599), None);
+        assert_eq!(p.paced_share(64_600), Some(3));
+        assert_eq!(p.recorded_share(), 3);
         // A larger share than the one confirmed is never paced with before it is confirmed.
         p.registering(8, 70_000);
         assert_eq!(p.paced_share(80_000), Some(3));
@@ -550,6 +579,26 @@ mod tests {
             p.try_admit(t(999_999), 1, PACING + 1000, 0),
             Pace::Admitted,
             "stale entries make room"
+        );
+    }
+
+    #[test]
+    fn made_up_targets_share_one_bounded_budget_per_tick() {
+        let p = cut_off(1000, 100_000, 1);
+        p.set_known(&[t(1)]);
+        let strangers = (0..70_000u64)
+            .filter(|u| p.try_admit(t(2 + u % 8), *u, PACING, 0) == Pace::Admitted)
+            .count();
+        assert_eq!(strangers, MAX_STRANGER_USERS);
+        assert_eq!(
+            p.try_admit(t(1), 1, PACING, 0),
+            Pace::Admitted,
+            "a known sale"
+        );
+        assert_eq!(
+            p.try_admit(t(3), 1_000_000, PACING + 1000, 0),
+            Pace::Admitted,
+            "a new tick"
         );
     }
 

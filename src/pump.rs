@@ -66,8 +66,14 @@ pub struct Pump {
     /// Targets this instance found with an empty queue at its last visit: empty twice in a row,
     /// a target is retired from the active set (it stops counting against the cap).
     empty: parking_lot::Mutex<BTreeSet<QueueTarget>>,
-    /// What the registry last said the instances that stopped registering may be pacing.
-    reserved: std::sync::atomic::AtomicU32,
+}
+
+/// One registry reading: the batch an advance may admit, and when the registration that read it
+/// was sent (epoch ms).
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    batch: u32,
+    sent_ms: u64,
 }
 
 impl Pump {
@@ -87,7 +93,6 @@ impl Pump {
             instance: instance_id(),
             held: Default::default(),
             empty: Default::default(),
-            reserved: Default::default(),
         }
     }
 
@@ -106,13 +111,15 @@ impl Pump {
         if !store.started() {
             return report;
         }
-        // The instances that stopped registering may be pacing their recorded shares on their
-        // own: this tick admits that much less.
-        let batch = self
-            .cfg
-            .batch_size
-            .get()
-            .saturating_sub(self.register().await);
+        // A replica whose own calls fail may be pacing (`failopen`): its pump admits nobody
+        // meanwhile, so that its paced share and an advance of its own never meet in one tick;
+        // another instance's pump leads.
+        if store.degraded() {
+            return report;
+        }
+        let Some(mut reading) = self.read_registry().await else {
+            return report;
+        };
         // Failures are counted (and logged once per outage) by the store guard.
         let targets = match store.active_targets(self.clock.now()).await {
             Ok(t) => t,
@@ -125,8 +132,17 @@ impl Pump {
         report.targets = targets.len();
         let previous = self.held.lock().clone();
         let mut held = BTreeSet::new();
+        let fresh_for = millis(self.cfg.tick) / 4;
         for target in targets {
-            match self.visit(target, batch, &mut report).await {
+            // A reading is used for a quarter tick at most (a slow store or many sales stretch
+            // a pass): `failopen::PacerConfig::pace_after_ms` allows for that much.
+            if self.clock.now().epoch_ms.saturating_sub(reading.sent_ms) >= fresh_for {
+                match self.read_registry().await {
+                    Some(r) => reading = r,
+                    None => break,
+                }
+            }
+            match self.visit(target, reading.batch, &mut report).await {
                 Ok(true) => {
                     held.insert(target);
                 }
@@ -151,37 +167,44 @@ impl Pump {
     }
 
     /// Records this instance in the registry with the share it would pace if cut off, and
-    /// answers how many admissions per tick the instances that stopped registering may be making
-    /// on their own (the pump's batch is lowered by that much). While its own store fails, this
-    /// instance sends no registration: one that landed would keep it live in the other pumps'
-    /// eyes while it paces (`failopen`), and the last known reservation stands.
-    async fn register(&self) -> u32 {
+    /// answers this tick's batch: lowered by the shares the instances that stopped registering
+    /// may be pacing on their own. `None` while this instance's own store fails: it then sends
+    /// no registration (one that landed would keep it live in the other pumps' eyes while it
+    /// paces, `failopen`) and admits nobody.
+    async fn read_registry(&self) -> Option<Reading> {
         if self.store.degraded() {
-            return self.reserved.load(std::sync::atomic::Ordering::Relaxed);
+            return None;
         }
+        let batch = self.cfg.batch_size.get();
         let share = self.pacer.share_to_record();
-        let sent = self.clock.now().epoch_ms;
-        self.pacer.registering(share, sent);
-        let Ok(n) = self
+        let sent_ms = self.clock.now().epoch_ms;
+        self.pacer.registering(share, sent_ms);
+        let n = match self
             .store
             .register_instance(self.registering(share, false))
             .await
-        else {
-            return self.reserved.load(std::sync::atomic::Ordering::Relaxed);
+        {
+            Ok(n) => n,
+            // Who stopped registering is unknown: this instance's own recorded share is what
+            // the others' recorded shares, which never exceed the batch together, surely leave.
+            Err(_) => {
+                return Some(Reading {
+                    batch: self.pacer.recorded_share().min(batch),
+                    sent_ms,
+                })
+            }
         };
         // The pacer divides by every replica seen recently: one that died lately makes each
         // share smaller (fewer admissions), never larger.
         self.pacer
-            .registered(n.recorded, sent, n.recent.max(n.live));
+            .registered(n.recorded, sent_ms, n.recent.max(n.live));
         self.metrics.replicas.set(i64::from(n.live));
         // An instance of a version that records no share paces ⌈batch / replicas⌉.
-        let unrecorded = n
-            .unrecorded
-            .saturating_mul(self.cfg.batch_size.get().div_ceil(n.recent.max(1)));
-        let reserved = n.reserved.saturating_add(unrecorded);
-        self.reserved
-            .store(reserved, std::sync::atomic::Ordering::Relaxed);
-        reserved
+        let unrecorded = n.unrecorded.saturating_mul(batch.div_ceil(n.recent.max(1)));
+        Some(Reading {
+            batch: batch.saturating_sub(n.reserved.saturating_add(unrecorded)),
+            sent_ms,
+        })
     }
 
     fn registering(&self, share: u32, leave: bool) -> Registering<'_> {
@@ -323,6 +346,9 @@ impl BackgroundService for Pump {
         }
         let _ = tokio::time::timeout(Duration::from_secs(1), self.release()).await;
         // A clean shutdown leaves the registry, so the others do not count this one as cut off.
+        // From now on nobody holds a share back for it: while the listener drains it paces no
+        // more, should its store fail.
+        self.pacer.registering(0, self.clock.now().epoch_ms);
         let _ = self
             .store
             .register_instance(self.registering(0, true))
@@ -343,6 +369,70 @@ mod tests {
             assert!(w > Duration::ZERO && w <= tick, "{w:?}");
             assert_eq!((now + millis(w)) % 200, 0);
         }
+    }
+
+    /// A replica whose request path fails may pace on its own (`failopen`): its pump then neither
+    /// registers nor admits, and does both again once the store answers.
+    #[test]
+    fn a_degraded_replica_s_pump_admits_nobody() {
+        use crate::failopen::PacerConfig;
+        use crate::queue::TargetType;
+        use crate::store::{MemoryStore, PollOutcome, TokenCandidate};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let metrics = Metrics::new().unwrap();
+            let guard = Arc::new(StoreGuard::new(
+                Arc::new(MemoryStore::new()),
+                crate::store::GuardConfig {
+                    timeout: Duration::from_millis(150),
+                    max_in_flight: 16,
+                },
+                metrics.clone(),
+            ));
+            let pacer = Arc::new(Pacer::new(PacerConfig {
+                tick_ms: 1000,
+                batch: 5,
+                min_replicas: 1,
+                paced_for_ms: 120_000,
+                call_timeout_ms: 150,
+            }));
+            let clock = Arc::new(crate::clock::VirtualClock::new(1_000_000));
+            let pump = Pump::new(
+                guard.clone(),
+                PumpConfig {
+                    tick: Duration::from_millis(1000),
+                    batch_size: std::num::NonZeroU32::new(5).unwrap(),
+                    heartbeat_timeout: Duration::from_secs(60),
+                    max_evict_per_tick: std::num::NonZeroU32::new(100).unwrap(),
+                },
+                metrics,
+                pacer.clone(),
+                clock.clone(),
+            );
+            let t = QueueTarget::new(TargetType::LimitedDrop, 1);
+            for user in 1..=20 {
+                guard.enter(t, user, clock.now(), 1_000).await.unwrap();
+            }
+            guard.fail_request_for_test();
+            let report = pump.tick().await;
+            assert_eq!((report.advanced, report.admitted), (0, 0), "{report:?}");
+            assert_eq!(pacer.replicas(), 0, "no registration was sent");
+            // The store answers again (any request-path call): the next tick registers and
+            // admits.
+            let never = || TokenCandidate {
+                token: String::new(),
+                expires_at: 0,
+            };
+            let polled = guard.poll(t, 20, clock.now(), &never).await.unwrap();
+            assert!(matches!(polled, PollOutcome::Waiting { .. }));
+            clock.advance(Duration::from_millis(1000));
+            let report = pump.tick().await;
+            assert_eq!((report.advanced, report.admitted), (1, 5), "{report:?}");
+            assert_eq!(pacer.replicas(), 1);
+        });
     }
 
     #[test]

@@ -93,6 +93,10 @@ pub(super) fn store(st: &StoreSection) -> Result<StoreConfig, ConfigError> {
     })
 }
 
+/// The most users a tick may admit: far beyond any backend's budget, and a bound on what a
+/// replica keeps per sale and tick while it paces.
+const MAX_BATCH: u64 = 1_000_000;
+
 /// `paced_for_s` when the file does not set it.
 const DEFAULT_PACED_FOR: Duration = Duration::from_secs(120);
 
@@ -119,14 +123,16 @@ pub(super) fn fail_open(
         None => DEFAULT_PACED_FOR.max(least),
         Some(s) => {
             let given = Duration::from_secs(in_range("fail_open.paced_for_s", s, 1, 86_400)?);
-            if given < least && fo.mode == FailOpenMode::Paced {
+            // In every mode: the registry forgets instances after this window whoever calls it,
+            // so one replica's short window would cut the others' reservations short.
+            if given < least {
                 return Err(invalid(
                     "fail_open.paced_for_s",
                     format!(
                         "must be at least {} s with this tick and command timeout: a replica cut \
-                         off from the store waits the command timeout, the registry's live \
-                         window (3 ticks, at least 2 s) and a tick before it paces, and stops \
-                         two ticks before paced_for_s; the window must hold at least one tick",
+                         off from the store waits 4 command timeouts, the registry's live window \
+                         (3 ticks, at least 2 s) and a tick before it paces, and stops two ticks \
+                         before paced_for_s; the window must hold at least one tick",
                         least.as_millis().div_ceil(1000)
                     ),
                 ));
@@ -150,7 +156,10 @@ pub(super) fn queue(q: &QueueSection) -> Result<QueueConfig, ConfigError> {
     }
     Ok(QueueConfig {
         tick: millis("queue.tick_ms", q.tick_ms, 10, 3_600_000)?,
-        batch_size: nonzero_u32("queue.batch_size", q.batch_size)?,
+        batch_size: nonzero_u32(
+            "queue.batch_size",
+            in_range("queue.batch_size", q.batch_size, 1, MAX_BATCH)?,
+        )?,
         max_capacity: NonZeroU64::new(q.max_capacity)
             .ok_or_else(|| invalid("queue.max_capacity", "must be at least 1"))?,
         heartbeat_timeout: secs(

@@ -376,7 +376,7 @@ mod tests {
         let c = Config::from_toml("[queue]\ntick_ms = 60000").unwrap();
         assert_eq!(
             c.fail_open.paced_for,
-            Duration::from_millis(150 + 7 * 60_000)
+            Duration::from_millis(4 * 150 + 7 * 60_000)
         );
         let e = err_of("[fail_open]\npaced_for_s = 5");
         assert!(
@@ -385,8 +385,9 @@ mod tests {
         );
         let c = Config::from_toml("[fail_open]\npaced_for_s = 15").unwrap();
         assert_eq!(c.fail_open.paced_for, Duration::from_secs(15));
-        // Closed and open modes never pace: any window will do.
-        assert!(Config::from_toml("[fail_open]\nmode = \"closed\"\npaced_for_s = 5").is_ok());
+        // Also in the modes that never pace: every replica's registry call forgets instances
+        // after its own window.
+        assert!(Config::from_toml("[fail_open]\nmode = \"closed\"\npaced_for_s = 5").is_err());
         // An older file's `max_replicas` loads, and the summary says it is ignored.
         let c = Config::from_toml("[fail_open]\nmax_replicas = 16").unwrap();
         assert!(

@@ -163,9 +163,11 @@ fn degraded(
     state: &AppState,
     target: QueueTarget,
     user: u64,
-    now: Now,
     cause: &StoreError,
 ) -> Result<Reply, ApiError> {
+    // Read now, not when the request began: the store call that failed may have taken up to its
+    // timeout, and the pacer's window and tick are about the moment of this decision.
+    let now = now();
     let mode = match (state.config.fail_open.mode, cause) {
         (FailOpenMode::Open, StoreError::Saturated) => FailOpenMode::Paced,
         (mode, _) => mode,
@@ -255,7 +257,7 @@ async fn enter(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply
                 }
             }
         }
-        Err(e) => degraded(state, target, user, now, &e),
+        Err(e) => degraded(state, target, user, &e),
     }
 }
 
@@ -294,7 +296,7 @@ async fn poll(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply,
             Ok(entry(EntryStatus::Admitted { token, expires_at }))
         }
         Ok(PollOutcome::NotInQueue) => Err(ApiError::NotInQueue),
-        Err(e) => degraded(state, target, user, now, &e),
+        Err(e) => degraded(state, target, user, &e),
     }
 }
 

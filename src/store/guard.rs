@@ -134,6 +134,13 @@ impl StoreGuard {
         self.down.load(Ordering::Relaxed) || self.breaker.is_open()
     }
 
+    /// Records a failed request-path call, as a timeout would (unit tests of the policies built
+    /// on `degraded`).
+    #[cfg(test)]
+    pub(crate) fn fail_request_for_test(&self) {
+        self.failed(Class::Request, "test", &StoreError::Timeout);
+    }
+
     /// When the store last answered any call of this replica (epoch ms; 0: never).
     pub fn last_ok_ms(&self) -> u64 {
         self.last_ok_ms.load(Ordering::Relaxed)

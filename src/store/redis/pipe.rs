@@ -352,7 +352,10 @@ impl Pipes {
 }
 
 /// Sends every call queued since the last write in one write; hands the reply slots to the
-/// reader in the same order.
+/// reader in the same order. A call whose caller stopped waiting (its deadline passed while an
+/// earlier write was blocked on a stalled connection) is not sent: it would run late, after the
+/// caller answered without it (a degraded answer, a local claim, a registration the fail-open
+/// pacer counted as possibly landed until its deadline).
 async fn writer<W: AsyncWrite + Unpin>(
     mut socket: W,
     mut calls: mpsc::UnboundedReceiver<Call>,
@@ -363,11 +366,16 @@ async fn writer<W: AsyncWrite + Unpin>(
         buf.clear();
         let mut next = Some(first);
         while let Some(call) = next {
-            buf.extend_from_slice(&call.frame);
-            if order.send((call.skip, call.reply)).is_err() {
-                return; // the reader is gone: the connection is broken
+            if !call.reply.is_closed() {
+                buf.extend_from_slice(&call.frame);
+                if order.send((call.skip, call.reply)).is_err() {
+                    return; // the reader is gone: the connection is broken
+                }
             }
             next = calls.try_recv().ok();
+        }
+        if buf.is_empty() {
+            continue;
         }
         if socket.write_all(&buf).await.is_err() {
             return;
@@ -592,6 +600,48 @@ mod tests {
         assert!(parse_all(b":12a\r\n").is_err());
         let deep = "*1\r\n".repeat(MAX_DEPTH + 2) + ":1\r\n";
         assert!(parse_all(deep.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn calls_given_up_before_they_are_written_are_not_sent() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (ours, mut theirs) = tokio::io::duplex(64 * 1024);
+            let (calls_tx, calls_rx) = mpsc::unbounded_channel();
+            let (order_tx, mut order_rx) = mpsc::unbounded_channel();
+            let call = |cmd: &[u8]| {
+                let mut frame = Vec::new();
+                encode(&mut frame, &[cmd]);
+                let (reply, rx) = oneshot::channel();
+                (
+                    Call {
+                        frame,
+                        skip: 0,
+                        reply,
+                    },
+                    rx,
+                )
+            };
+            // Queued while the connection was stalled: the first caller gave up meanwhile.
+            let (late, late_rx) = call(b"LATE");
+            let (live, _live_rx) = call(b"LIVE");
+            drop(late_rx);
+            calls_tx.send(late).unwrap();
+            calls_tx.send(live).unwrap();
+            drop(calls_tx);
+            writer(ours, calls_rx, order_tx).await;
+            let mut sent = Vec::new();
+            tokio::io::AsyncReadExt::read_to_end(&mut theirs, &mut sent)
+                .await
+                .unwrap();
+            assert_eq!(sent, b"*1\r\n$4\r\nLIVE\r\n");
+            // One reply slot, for the call that was sent.
+            assert!(order_rx.recv().await.is_some());
+            assert!(order_rx.recv().await.is_none());
+        });
     }
 
     #[test]
