@@ -104,9 +104,9 @@ impl PacerConfig {
     /// How long after its last registration attempt a cut-off replica waits before pacing: until
     /// the attempt can no longer land (a command timeout), every pump has stopped counting it
     /// live (the live window), and the longest a pump admits by one registry reading has passed
-    /// (`pump.rs` reads again after a quarter tick; a visit that began before then takes a lock,
-    /// advances, may wait up to a quarter tick and advance again: under a tick and three
-    /// command timeouts).
+    /// (`pump.rs` reads again after a quarter tick, and sends advances by a reading only within
+    /// the tick it was read in; a visit that began before then takes a lock, advances, may wait
+    /// up to a quarter tick and advance again: under a tick and three command timeouts).
     pub fn pace_after_ms(&self) -> u64 {
         self.call_timeout_ms
             .saturating_mul(4)
@@ -229,9 +229,19 @@ impl Pacer {
         self.replicas.store(replicas, Ordering::Relaxed);
     }
 
-    /// The smallest share the registry may hold for this replica.
-    pub fn recorded_share(&self) -> u32 {
-        self.registration.lock().share
+    /// The smallest share the registry may hold for this replica at `now_ms`: none once the
+    /// registry may have forgotten it (after `pace_until` past its last confirmed registration).
+    pub fn own_share(&self, now_ms: u64) -> u32 {
+        let r = self.registration.lock();
+        match r.confirmed_ms {
+            Some(c) if now_ms < c.saturating_add(self.cfg.pace_until_ms()) => r.share,
+            _ => 0,
+        }
+    }
+
+    /// Whether this replica let anyone through while degraded in tick `window` (since epoch).
+    pub fn paced_in(&self, window: u64) -> bool {
+        self.budgets.lock().window >= window
     }
 
     /// The share this replica may pace with at `now_ms`, if it may pace at all.
@@ -294,7 +304,9 @@ impl Pacer {
         // old one (which would hand out a fresh share for a tick already paid).
         if window > b.window {
             b.window = window;
-            b.users.clear();
+            // A new set, not a cleared one: a large share's capacity is not kept for a target
+            // that may never come back.
+            b.users = Default::default();
         }
         if b.users.contains(&user) {
             return Pace::Admitted;
@@ -483,7 +495,12 @@ mod tests {
         p.registering(3, 60_000);
         assert_eq!(p.paced_share(64_599), None);
         assert_eq!(p.paced_share(64_600), Some(3));
-        assert_eq!(p.recorded_share(), 3);
+        assert_eq!(p.own_share(64_600), 3);
+        assert_eq!(
+            p.own_share(120_000),
+            0,
+            "the registry may have forgotten it"
+        );
         // A larger share than the one confirmed is never paced with before it is confirmed.
         p.registering(8, 70_000);
         assert_eq!(p.paced_share(80_000), Some(3));

@@ -132,17 +132,26 @@ impl Pump {
         report.targets = targets.len();
         let previous = self.held.lock().clone();
         let mut held = BTreeSet::new();
-        let fresh_for = millis(self.cfg.tick) / 4;
-        for target in targets {
-            // A reading is used for a quarter tick at most (a slow store or many sales stretch
-            // a pass): `failopen::PacerConfig::pace_after_ms` allows for that much.
-            if self.clock.now().epoch_ms.saturating_sub(reading.sent_ms) >= fresh_for {
+        let tick_ms = millis(self.cfg.tick).max(1);
+        let fresh_for = tick_ms / 4;
+        // Each tick starts elsewhere in the list: a pass cut short (the store failing mid-pass)
+        // does not always leave out the same targets.
+        let start = usize::try_from(self.clock.now().epoch_ms / tick_ms).unwrap_or(0)
+            % targets.len().max(1);
+        let (tail, head) = targets.split_at(start);
+        for &target in head.iter().chain(tail) {
+            // A reading serves a quarter tick at most, within its own tick (a slow store or many
+            // sales stretch a pass): `failopen::PacerConfig::pace_after_ms` allows for that.
+            let now_ms = self.clock.now().epoch_ms;
+            if now_ms.saturating_sub(reading.sent_ms) >= fresh_for
+                || now_ms / tick_ms != reading.sent_ms / tick_ms
+            {
                 match self.read_registry().await {
                     Some(r) => reading = r,
                     None => break,
                 }
             }
-            match self.visit(target, reading.batch, &mut report).await {
+            match self.visit(target, reading, &mut report).await {
                 Ok(true) => {
                     held.insert(target);
                 }
@@ -185,11 +194,12 @@ impl Pump {
             .await
         {
             Ok(n) => n,
-            // Who stopped registering is unknown: this instance's own recorded share is what
-            // the others' recorded shares, which never exceed the batch together, surely leave.
+            // Who stopped registering is unknown: this instance's own recorded share (while the
+            // registry still holds it) is what the others' recorded shares, which never exceed
+            // the batch together, surely leave.
             Err(_) => {
                 return Some(Reading {
-                    batch: self.pacer.recorded_share().min(batch),
+                    batch: self.pacer.own_share(sent_ms).min(batch),
                     sent_ms,
                 })
             }
@@ -219,11 +229,25 @@ impl Pump {
         }
     }
 
+    /// What an advance sent now may admit by `reading`: nothing once the tick it was read in
+    /// is over (a reading that counted a replica live must not meet that replica's paced
+    /// admissions in a later tick), nor in a tick in which this replica itself let users through
+    /// while degraded (its share is not reserved now that it registers again).
+    fn batch_now(&self, reading: Reading) -> u32 {
+        let tick_ms = millis(self.cfg.tick).max(1);
+        let window = self.clock.now().epoch_ms / tick_ms;
+        if window != reading.sent_ms / tick_ms || self.pacer.paced_in(window) {
+            0
+        } else {
+            reading.batch
+        }
+    }
+
     /// Returns whether this instance held the target's lock.
     async fn visit(
         &self,
         target: QueueTarget,
-        batch: u32,
+        reading: Reading,
         report: &mut TickReport,
     ) -> Result<bool, crate::store::StoreError> {
         let store = &self.store;
@@ -237,6 +261,7 @@ impl Pump {
         // On the release list at once: a shutdown in the middle of this tick must give it back.
         self.held.lock().insert(target);
         let label = self.metrics.targets.label(target);
+        let batch = self.batch_now(reading);
         if batch == 0 {
             // Every admission of this tick is with replicas that may be pacing on their own.
             return Ok(true);
@@ -250,9 +275,12 @@ impl Pump {
         let retry = Duration::from_millis(adv.retry_in_ms);
         if adv.outcome == AdvanceOutcome::Guarded && retry <= cfg.tick / 4 {
             self.clock.sleep(retry + Duration::from_millis(1)).await;
-            adv = store
-                .advance(target, batch, self.min_interval(), self.clock.now())
-                .await?;
+            let batch = self.batch_now(reading);
+            if batch > 0 {
+                adv = store
+                    .advance(target, batch, self.min_interval(), self.clock.now())
+                    .await?;
+            }
         }
         if adv.outcome == AdvanceOutcome::Advanced {
             report.advanced += 1;
@@ -371,67 +399,126 @@ mod tests {
         }
     }
 
+    struct Rig {
+        guard: Arc<StoreGuard>,
+        pacer: Arc<Pacer>,
+        clock: Arc<crate::clock::VirtualClock>,
+        pump: Pump,
+        target: QueueTarget,
+    }
+
+    /// A pump on the embedded store (batch 5, tick 1 s) with 20 users waiting.
+    async fn rig() -> Rig {
+        use crate::failopen::PacerConfig;
+        use crate::queue::TargetType;
+        use crate::store::MemoryStore;
+        let metrics = Metrics::new().unwrap();
+        let guard = Arc::new(StoreGuard::new(
+            Arc::new(MemoryStore::new()),
+            crate::store::GuardConfig {
+                timeout: Duration::from_millis(150),
+                max_in_flight: 16,
+            },
+            metrics.clone(),
+        ));
+        let pacer = Arc::new(Pacer::new(PacerConfig {
+            tick_ms: 1000,
+            batch: 5,
+            min_replicas: 1,
+            paced_for_ms: 120_000,
+            call_timeout_ms: 150,
+        }));
+        let clock = Arc::new(crate::clock::VirtualClock::new(1_000_000));
+        let pump = Pump::new(
+            guard.clone(),
+            PumpConfig {
+                tick: Duration::from_millis(1000),
+                batch_size: std::num::NonZeroU32::new(5).unwrap(),
+                heartbeat_timeout: Duration::from_secs(600),
+                max_evict_per_tick: std::num::NonZeroU32::new(100).unwrap(),
+            },
+            metrics,
+            pacer.clone(),
+            clock.clone(),
+        );
+        let target = QueueTarget::new(TargetType::LimitedDrop, 1);
+        for user in 1..=20 {
+            guard.enter(target, user, clock.now(), 1_000).await.unwrap();
+        }
+        Rig {
+            guard,
+            pacer,
+            clock,
+            pump,
+            target,
+        }
+    }
+
+    /// Any request-path call that the store answers ends the guard's degraded state.
+    async fn store_answers(r: &Rig) {
+        let never = || crate::store::TokenCandidate {
+            token: String::new(),
+            expires_at: 0,
+        };
+        r.guard
+            .poll(r.target, 20, r.clock.now(), &never)
+            .await
+            .unwrap();
+        assert!(!r.guard.degraded());
+    }
+
+    fn block_on(f: impl std::future::Future<Output = ()>) {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+            .block_on(f);
+    }
+
     /// A replica whose request path fails may pace on its own (`failopen`): its pump then neither
     /// registers nor admits, and does both again once the store answers.
     #[test]
     fn a_degraded_replica_s_pump_admits_nobody() {
-        use crate::failopen::PacerConfig;
-        use crate::queue::TargetType;
-        use crate::store::{MemoryStore, PollOutcome, TokenCandidate};
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let metrics = Metrics::new().unwrap();
-            let guard = Arc::new(StoreGuard::new(
-                Arc::new(MemoryStore::new()),
-                crate::store::GuardConfig {
-                    timeout: Duration::from_millis(150),
-                    max_in_flight: 16,
-                },
-                metrics.clone(),
-            ));
-            let pacer = Arc::new(Pacer::new(PacerConfig {
-                tick_ms: 1000,
-                batch: 5,
-                min_replicas: 1,
-                paced_for_ms: 120_000,
-                call_timeout_ms: 150,
-            }));
-            let clock = Arc::new(crate::clock::VirtualClock::new(1_000_000));
-            let pump = Pump::new(
-                guard.clone(),
-                PumpConfig {
-                    tick: Duration::from_millis(1000),
-                    batch_size: std::num::NonZeroU32::new(5).unwrap(),
-                    heartbeat_timeout: Duration::from_secs(60),
-                    max_evict_per_tick: std::num::NonZeroU32::new(100).unwrap(),
-                },
-                metrics,
-                pacer.clone(),
-                clock.clone(),
-            );
-            let t = QueueTarget::new(TargetType::LimitedDrop, 1);
-            for user in 1..=20 {
-                guard.enter(t, user, clock.now(), 1_000).await.unwrap();
-            }
-            guard.fail_request_for_test();
-            let report = pump.tick().await;
+        block_on(async {
+            let r = rig().await;
+            r.guard.fail_request_for_test();
+            let report = r.pump.tick().await;
             assert_eq!((report.advanced, report.admitted), (0, 0), "{report:?}");
-            assert_eq!(pacer.replicas(), 0, "no registration was sent");
-            // The store answers again (any request-path call): the next tick registers and
-            // admits.
-            let never = || TokenCandidate {
-                token: String::new(),
-                expires_at: 0,
-            };
-            let polled = guard.poll(t, 20, clock.now(), &never).await.unwrap();
-            assert!(matches!(polled, PollOutcome::Waiting { .. }));
-            clock.advance(Duration::from_millis(1000));
-            let report = pump.tick().await;
+            assert_eq!(r.pacer.replicas(), 0, "no registration was sent");
+            store_answers(&r).await;
+            r.clock.advance(Duration::from_millis(1000));
+            let report = r.pump.tick().await;
             assert_eq!((report.advanced, report.admitted), (1, 5), "{report:?}");
-            assert_eq!(pacer.replicas(), 1);
+            assert_eq!(r.pacer.replicas(), 1);
+        });
+    }
+
+    /// In a tick in which its replica let users through while degraded, the pump admits nobody
+    /// even once the store answers again: nobody reserves that replica's share any more.
+    #[test]
+    fn no_advance_in_a_tick_the_replica_paced_in() {
+        block_on(async {
+            let r = rig().await;
+            // Two registrations: the count, then the share (5, alone).
+            for _ in 0..2 {
+                r.pump.tick().await;
+                r.clock.advance(Duration::from_millis(1000));
+            }
+            assert_eq!(r.pacer.own_share(r.clock.now().epoch_ms), 5);
+            r.guard.fail_request_for_test();
+            // Past the pacing delay (4 × 150 ms + 3 s + 1 s), at the start of a tick.
+            r.clock.advance(Duration::from_millis(5000));
+            let now = r.clock.now().epoch_ms;
+            assert_eq!(
+                r.pacer.try_admit(r.target, 99, now, 0),
+                crate::failopen::Pace::Admitted
+            );
+            store_answers(&r).await;
+            let report = r.pump.tick().await;
+            assert_eq!(report.admitted, 0, "{report:?}");
+            r.clock.advance(Duration::from_millis(1000));
+            let report = r.pump.tick().await;
+            assert_eq!(report.admitted, 5, "{report:?}");
         });
     }
 
