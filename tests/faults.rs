@@ -548,7 +548,21 @@ fn a_replica_cut_off_from_redis_paces_only_while_the_others_reserve_its_share() 
     let before = admitted();
     let cut = epoch_ms();
     relay.cut();
-    run_for(8000);
+    run_for(1000);
+    // Replica 1's last registration (Redis' clock, this machine's): the older of the two
+    // members now that replica 0 registers every tick and replica 1 cannot.
+    let scores = s
+        .redis
+        .cmd(&["ZRANGE", "queue:instances", "0", "-1", "WITHSCORES"])
+        .as_vec();
+    let last_registration = scores
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .map(|v| v.as_str().unwrap().parse::<u64>().unwrap())
+        .min()
+        .unwrap();
+    run_for(7000);
     let healed = epoch_ms();
     let pumped = admitted() - before;
     relay.heal();
@@ -560,26 +574,38 @@ fn a_replica_cut_off_from_redis_paces_only_while_the_others_reserve_its_share() 
         .filter(|e| e.gateway == 1 && e.direct && e.op != Op::DriveBy)
         .filter(|e| e.start_ms >= cut && e.start_ms < healed)
         .collect();
-    let first = direct.iter().map(|e| e.start_ms - cut).min();
-    let last = direct.iter().map(|e| e.end_ms - cut).max();
+    // Decided no earlier than its answer's end and no later than its request's start.
+    let first = direct.iter().map(|e| e.end_ms).min();
+    let last = direct.iter().map(|e| e.start_ms).max();
     let held = events
         .iter()
         .filter(|e| e.gateway == 1 && e.degraded && !e.direct && e.op != Op::DriveBy)
-        .filter(|e| e.start_ms >= cut + 5200 && e.start_ms < healed)
+        .filter(|e| e.start_ms >= last_registration + 5100 && e.start_ms < healed)
         .count();
     let ticks = (healed - cut).div_ceil(TICK_MS);
     let rec = recovery_ms(&events, healed, u64::MAX);
     eprintln!(
-        "replica 1 cut off for {} ms: the pump admitted {pumped}, replica 1 let {} through (from {first:?} to {last:?} ms after the cut), {held} degraded answers after its window; degraded mode ended {rec} ms after the heal",
+        "replica 1 cut off for {} ms, its last registration {} ms before the cut: the pump admitted {pumped}, replica 1 let {} through (from {:?} to {:?} ms after that registration), {held} degraded answers after its window; degraded mode ended {rec} ms after the heal",
         healed - cut,
-        direct.len()
+        cut as i64 - last_registration as i64,
+        direct.len(),
+        first.map(|t| t as i64 - last_registration as i64),
+        last.map(|t| t as i64 - last_registration as i64),
     );
-    // Not while the other pump may still count it live (its last registration was at most a
-    // tick before the cut), not once that pump forgets it: 4 × 150 ms + 2 s + 500 ms to 5 s after
-    // its last registration.
+    // Not while the other pump may still count it live (the live window, 2 s, and a tick after
+    // that registration landed; it waits 4 × 150 ms more for a registration that may still land),
+    // and not once that pump forgets it (two ticks before `paced_for_s`).
     let (first, last) = (first.expect("replica 1 never paced"), last.unwrap_or(0));
-    assert!(first >= 2500, "paced {first} ms after the cut");
-    assert!(last <= 5100, "still pacing {last} ms after the cut");
+    assert!(
+        first >= last_registration + 2500,
+        "paced {} ms after its last registration",
+        first as i64 - last_registration as i64
+    );
+    assert!(
+        last <= last_registration + 5000,
+        "still pacing {} ms after its last registration",
+        last as i64 - last_registration as i64
+    );
     assert!(held > 0, "no degraded answers after the pacing window");
     // Together, at most the batch per tick.
     let together = pumped + direct.len() as u64;
