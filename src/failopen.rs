@@ -21,6 +21,10 @@
 //!   - with the smallest share it may have recorded (a registration whose answer was lost may or
 //!     may not have landed).
 //!
+//!   The pump (`pump.rs`) keeps its side: an advance is sent only within the tick of the
+//!   registry reading it relies on, and not in a tick in which its own replica paced; a pump
+//!   whose registration failed admits only its own recorded share.
+//!
 //!   So a pump's batch plus the paced shares of the replicas it reserves for is at most
 //!   `batch_size` per tick, and in an outage of every replica at once the paced shares add up to
 //!   at most `batch_size`.
