@@ -92,9 +92,9 @@ impl PacerConfig {
         st: &crate::config::StoreConfig,
     ) -> PacerConfig {
         PacerConfig {
-            tick_ms: crate::queue::millis(q.tick).max(1),
+            tick_ms: crate::queue::millis(q.tick),
             batch: q.batch_size.get(),
-            min_replicas: fo.min_replicas.max(1),
+            min_replicas: fo.min_replicas,
             paced_for_ms: crate::queue::millis(fo.paced_for),
             call_timeout_ms: crate::queue::millis(st.command_timeout),
         }
@@ -255,10 +255,6 @@ impl Pacer {
         let held_back = now_ms < r.attempted_ms.saturating_add(self.cfg.pace_after_ms());
         let forgotten = now_ms >= confirmed.saturating_add(self.cfg.pace_until_ms());
         (!held_back && !forgotten).then_some(r.share)
-    }
-
-    pub fn tick_ms(&self) -> u64 {
-        self.cfg.tick_ms
     }
 
     /// Records the targets the pump found with a queue (they keep a budget whatever else fills

@@ -100,6 +100,10 @@ impl Pump {
         self.cfg.tick.mul_f64(0.9)
     }
 
+    fn tick_ms(&self) -> u64 {
+        millis(self.cfg.tick).max(1)
+    }
+
     fn min_interval(&self) -> Duration {
         self.cfg.tick.mul_f64(0.95)
     }
@@ -111,12 +115,8 @@ impl Pump {
         if !store.started() {
             return report;
         }
-        // A replica whose own calls fail may be pacing (`failopen`): its pump admits nobody
-        // meanwhile, so that its paced share and an advance of its own never meet in one tick;
-        // another instance's pump leads.
-        if store.degraded() {
-            return report;
-        }
+        // `None` while this replica's own calls fail: it may be pacing (`failopen`), so its pump
+        // admits nobody meanwhile and another instance's pump leads.
         let Some(mut reading) = self.read_registry().await else {
             return report;
         };
@@ -132,7 +132,7 @@ impl Pump {
         report.targets = targets.len();
         let previous = self.held.lock().clone();
         let mut held = BTreeSet::new();
-        let tick_ms = millis(self.cfg.tick).max(1);
+        let tick_ms = self.tick_ms();
         let fresh_for = tick_ms / 4;
         // Each tick starts elsewhere in the list: a pass cut short (the store failing mid-pass)
         // does not always leave out the same targets.
@@ -234,7 +234,7 @@ impl Pump {
     /// admissions in a later tick), nor in a tick in which this replica itself let users through
     /// while degraded (its share is not reserved now that it registers again).
     fn batch_now(&self, reading: Reading) -> u32 {
-        let tick_ms = millis(self.cfg.tick).max(1);
+        let tick_ms = self.tick_ms();
         let window = self.clock.now().epoch_ms / tick_ms;
         if window != reading.sent_ms / tick_ms || self.pacer.paced_in(window) {
             0

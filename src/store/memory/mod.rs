@@ -573,9 +573,7 @@ impl QueueStore for MemoryStore {
             .map(|(_, token)| token))
     }
 
-    /// One process: the only instance there is.
-    /// The embedded store serves one process: it is the only instance, and it is never cut off
-    /// from its store.
+    /// One process: the only instance there is, and never cut off from its store.
     async fn register_instance(&self, r: Registering<'_>) -> Result<Instances, StoreError> {
         Ok(Instances {
             live: 1,
