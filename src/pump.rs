@@ -76,6 +76,13 @@ struct Reading {
     sent_ms: u64,
 }
 
+impl Reading {
+    /// Whether `now_ms` falls in the tick this reading was taken in.
+    fn same_tick(&self, now_ms: u64, tick_ms: u64) -> bool {
+        now_ms / tick_ms == self.sent_ms / tick_ms
+    }
+}
+
 impl Pump {
     pub fn new(
         store: Arc<StoreGuard>,
@@ -144,7 +151,7 @@ impl Pump {
             // sales stretch a pass): `failopen::PacerConfig::pace_after_ms` allows for that.
             let now_ms = self.clock.now().epoch_ms;
             if now_ms.saturating_sub(reading.sent_ms) >= fresh_for
-                || now_ms / tick_ms != reading.sent_ms / tick_ms
+                || !reading.same_tick(now_ms, tick_ms)
             {
                 match self.read_registry().await {
                     Some(r) => reading = r,
@@ -235,8 +242,8 @@ impl Pump {
     /// while degraded (its share is not reserved now that it registers again).
     fn batch_now(&self, reading: Reading) -> u32 {
         let tick_ms = self.tick_ms();
-        let window = self.clock.now().epoch_ms / tick_ms;
-        if window != reading.sent_ms / tick_ms || self.pacer.paced_in(window) {
+        let now_ms = self.clock.now().epoch_ms;
+        if !reading.same_tick(now_ms, tick_ms) || self.pacer.paced_in(now_ms / tick_ms) {
             0
         } else {
             reading.batch
