@@ -1,6 +1,6 @@
 //! The background services besides the pump: the Redis connection (start-up, health probe,
-//! claim write-back), the run-time settings refresher (flag and registered sales), and the JWT key
-//! watcher. Each is a Pingora `BackgroundService`; `server::build` wires them and their order.
+//! claim write-back), the run-time settings refresher (flag and registered sales, written back
+//! when Redis loses them), and the JWT key watcher. Each is a Pingora `BackgroundService`; `server::build` wires them and their order.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,8 +10,11 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use pingora::services::ServiceReadyNotifier;
 
+use parking_lot::Mutex;
+
 use crate::app::AppState;
 use crate::flag::FlagState;
+use crate::settings::{Doc, DocKind, Step, Tracker};
 use crate::store::RedisStore;
 
 /// How often each instance re-reads `queue:flag` (SPEC §7: every instance within 3 s).
@@ -20,80 +23,177 @@ pub const FLAG_REFRESH: Duration = Duration::from_secs(1);
 /// How often the prober checks the store's request path (it also notices a hang without traffic).
 const PROBE_EVERY: Duration = Duration::from_millis(100);
 
-/// Re-reads `queue:targets` (with `queue.targets = "registered"`); `reported` remembers the bad
-/// members already logged.
-async fn refresh_registry(state: &AppState, store: &RedisStore, reported: &mut Vec<String>) {
-    if state.registry.mode() != crate::registry::TargetsMode::Registered {
-        return;
-    }
-    let Ok(members) = state
-        .store
-        .background("targets", store.registered_targets())
-        .await
-    else {
-        return;
-    };
-    let bad = state.registry.set_dynamic(&members);
-    if bad != *reported {
-        for b in &bad {
-            tracing::warn!(member = %b, "ignoring a queue:targets member that is not TYPE:ID");
+/// The run-time settings kept in Redis (`settings.rs`): the flag (`queue:flag`) and, with
+/// `queue.targets = "registered"`, the registered sales (`queue:targets`), each read with its
+/// version every second. The last known documents stay while Redis is down, and are written back
+/// when Redis comes back without them. Shared by `RedisConnection` (one pass before the public
+/// listener opens) and `RuntimeSettings` (every second after).
+pub struct SettingsRefresher {
+    pub store: Arc<RedisStore>,
+    pub state: Arc<AppState>,
+    /// The TOML `[flag]` values: the flag document's first content, and the value of a field it
+    /// lacks.
+    pub defaults: FlagState,
+    flag: Mutex<Tracker>,
+    targets: Mutex<Tracker>,
+    /// Problems already logged (bad flag fields, invalid registry members), so each is logged
+    /// when it appears rather than every second.
+    reported: Mutex<(Vec<String>, Vec<String>)>,
+}
+
+impl SettingsRefresher {
+    pub fn new(store: Arc<RedisStore>, state: Arc<AppState>, defaults: FlagState) -> Self {
+        SettingsRefresher {
+            store,
+            state,
+            defaults,
+            flag: Default::default(),
+            targets: Default::default(),
+            reported: Default::default(),
         }
-        *reported = bad;
+    }
+
+    /// Reads every document once and acts on what it found.
+    pub async fn pass(&self) {
+        self.refresh(DocKind::Flag).await;
+        if self.state.registry.mode() == crate::registry::TargetsMode::Registered {
+            self.refresh(DocKind::Targets).await;
+        }
+    }
+
+    fn tracker(&self, kind: DocKind) -> &Mutex<Tracker> {
+        match kind {
+            DocKind::Flag => &self.flag,
+            DocKind::Targets => &self.targets,
+        }
+    }
+
+    async fn refresh(&self, kind: DocKind) {
+        let store = &self.state.store;
+        // A failure is counted by the guard; the last known document stays.
+        let Ok(reading) = store.background("settings", self.store.read_doc(kind)).await else {
+            return;
+        };
+        let now_ms = crate::clock::now().epoch_ms;
+        let step = self.tracker(kind).lock().observe(reading, now_ms);
+        let write = |op: &'static str, arg: u64, items: Vec<(String, String)>| async move {
+            let written = store
+                .background(
+                    "settings",
+                    self.store.write_doc(kind, op, arg, false, &items),
+                )
+                .await;
+            if let Err(e) = &written {
+                tracing::warn!(state = kind.as_str(), op, error = %e, "writing a settings document failed; trying again at the next refresh");
+            }
+            written
+        };
+        match step {
+            Step::Adopt(doc) => self.apply(kind, &doc),
+            Step::Stamp(doc) => {
+                self.apply(kind, &doc);
+                let _ = write("bootstrap", 0, self.first_content(kind)).await;
+            }
+            Step::Restore { known, new_loss } => {
+                if new_loss {
+                    self.state
+                        .metrics
+                        .data_loss
+                        .with_label_values(&[kind.as_str()])
+                        .inc();
+                    tracing::error!(
+                        state = kind.as_str(),
+                        key = kind.key(),
+                        version = known.version,
+                        "Redis lost run-time settings (restarted without persistence, failed over, or flushed); keeping the last known ones and writing them back"
+                    );
+                }
+                if let Ok((status, version)) = write("restore", known.version, known.items).await {
+                    tracing::info!(state = kind.as_str(), status = %status, version, "run-time settings written back");
+                }
+            }
+            Step::Bootstrap => {
+                if let Ok((status, version)) = write("bootstrap", 0, self.first_content(kind)).await {
+                    tracing::info!(state = kind.as_str(), status = %status, version, "run-time settings created from the configuration file");
+                }
+            }
+            Step::Wait => {}
+        }
+    }
+
+    /// What a document holds when it is first created: the TOML `[flag]` values, written out so
+    /// that every replica reads the same ones from then on; an empty set of registered sales.
+    fn first_content(&self, kind: DocKind) -> Vec<(String, String)> {
+        let on_off = |b: bool| if b { "on" } else { "off" };
+        match kind {
+            DocKind::Flag => vec![
+                ("enabled".into(), on_off(self.defaults.enabled).into()),
+                (
+                    "rollout_percent".into(),
+                    self.defaults.rollout_percent.to_string(),
+                ),
+            ],
+            DocKind::Targets => Vec::new(),
+        }
+    }
+
+    fn apply(&self, kind: DocKind, doc: &Doc) {
+        match kind {
+            DocKind::Flag => {
+                let (next, problems) = FlagState::with_overrides(&self.defaults, &doc.items);
+                let mut reported = self.reported.lock();
+                if problems != reported.0 {
+                    for p in &problems {
+                        tracing::warn!(problem = %p, "ignoring a bad runtime flag field");
+                    }
+                    reported.0 = problems;
+                }
+                drop(reported);
+                if self.state.flag.snapshot().as_ref() != Some(&next) {
+                    tracing::info!(
+                        enabled = next.enabled,
+                        rollout_percent = next.rollout_percent,
+                        targets = next.per_target.len(),
+                        version = doc.version,
+                        "runtime flag changed"
+                    );
+                    self.state.flag.set(next);
+                }
+            }
+            DocKind::Targets => {
+                let members: Vec<String> = doc.items.iter().map(|(m, _)| m.clone()).collect();
+                let bad = self.state.registry.set_dynamic(&members);
+                self.state
+                    .metrics
+                    .registered_invalid
+                    .set(i64::try_from(bad.len()).unwrap_or(i64::MAX));
+                let mut reported = self.reported.lock();
+                if bad != reported.1 {
+                    for b in &bad {
+                        tracing::warn!(member = %b, "a queue:targets member is not canonical TYPE:ID (vq-gateway target remove it and add the sale again); a near miss still registers the sale it names");
+                    }
+                    reported.1 = bad;
+                }
+            }
+        }
     }
 }
 
-/// The run-time settings kept in Redis: the flag (`queue:flag`) and the registered sales
-/// (`queue:targets`), re-read every second; the last known values stay while Redis is down.
+/// Re-reads the run-time settings every `FLAG_REFRESH` (SPEC §7: every instance within 3 s).
 /// Starts after `RedisConnection` (a service dependency).
 pub struct RuntimeSettings {
-    pub store: Arc<RedisStore>,
-    pub state: Arc<AppState>,
-    pub defaults: FlagState,
+    pub refresher: Arc<SettingsRefresher>,
 }
 
 #[async_trait]
 impl BackgroundService for RuntimeSettings {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        tokio::select! {
-            _ = shutdown.changed() => {}
-            _ = self.refresh() => {}
-        }
-    }
-}
-
-impl RuntimeSettings {
-    async fn refresh(&self) {
-        let mut reported: Vec<String> = Vec::new();
-        let mut reported_targets: Vec<String> = Vec::new();
         let mut ticker = tokio::time::interval(FLAG_REFRESH);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            ticker.tick().await;
-            // A failure is counted by the guard; the last known value stays.
-            let Ok(fields) = self
-                .state
-                .store
-                .background("flag", self.store.read_flag())
-                .await
-            else {
-                continue;
-            };
-            refresh_registry(&self.state, &self.store, &mut reported_targets).await;
-            let (next, problems) = FlagState::with_overrides(&self.defaults, &fields);
-            if problems != reported {
-                for p in &problems {
-                    tracing::warn!(problem = %p, "ignoring a bad runtime flag field");
-                }
-                reported = problems;
-            }
-            if next != self.state.flag.snapshot() {
-                tracing::info!(
-                    enabled = next.enabled,
-                    rollout_percent = next.rollout_percent,
-                    targets = next.per_target.len(),
-                    "runtime flag changed"
-                );
-                self.state.flag.set(next);
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                _ = ticker.tick() => self.refresher.pass().await,
             }
         }
     }
@@ -107,6 +207,7 @@ impl RuntimeSettings {
 pub struct RedisConnection {
     pub store: Arc<RedisStore>,
     pub state: Arc<AppState>,
+    pub settings: Arc<SettingsRefresher>,
 }
 
 impl RedisConnection {
@@ -185,9 +286,9 @@ impl BackgroundService for RedisConnection {
             reached = self.store.connect(wait) => {
                 if reached {
                     self.check_memory().await;
-                    // Registered sales known before the first request: until they are, their
-                    // purchases are refused rather than let through ungated.
-                    refresh_registry(&self.state, &self.store, &mut Vec::new()).await;
+                    // The flag and the registered sales known before the first request: until
+                    // they are, everyone queues and unregistered purchases wait.
+                    self.settings.pass().await;
                 }
             }
         }

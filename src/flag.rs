@@ -138,36 +138,66 @@ fn write_decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     }
 }
 
-/// The live flag, shared by every request and replaced as a whole.
+/// The live flag, shared by every request and replaced as a whole. With the Redis store it starts
+/// *unknown*: until this replica has read `queue:flag` (or created it, `settings.rs`), nobody can
+/// tell whether the queue is on, and the safe side is that it is: everyone queues, and the gate
+/// asks for a token (a purchase without one is told to come back, not refused for good).
 #[derive(Debug)]
 pub struct Flag {
-    state: RwLock<FlagState>,
+    state: RwLock<Option<FlagState>>,
+}
+
+/// What the gate needs of the flag for one user of one sale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateView {
+    /// The queue is off for this user: no token is looked at.
+    Off,
+    /// The queue is on: a token is needed; [`FlagState::queued_since`].
+    On { queued_since: Option<u64> },
+    /// Not known yet (never read): a token passes as with `On`, a purchase without one waits.
+    Unknown,
 }
 
 impl Flag {
+    /// A flag known from the start (the memory store: the TOML values are all there is).
     pub fn new(initial: FlagState) -> Flag {
         Flag {
-            state: RwLock::new(initial),
+            state: RwLock::new(Some(initial)),
+        }
+    }
+
+    /// A flag not known until the first [`Flag::set`].
+    pub fn unknown() -> Flag {
+        Flag {
+            state: RwLock::new(None),
         }
     }
 
     pub fn queue_on(&self, target: QueueTarget, user: u64) -> bool {
-        self.state.read().queue_on(target, user)
+        self.state
+            .read()
+            .as_ref()
+            .is_none_or(|s| s.queue_on(target, user))
     }
 
-    /// For the gate, in one read of the live state: `None` when `user` of `target` is not
-    /// queued, else [`FlagState::queued_since`].
-    pub fn gate_view(&self, target: QueueTarget, user: u64) -> Option<Option<u64>> {
-        let state = self.state.read();
-        state.queue_on(target, user).then_some(state.queued_since)
+    /// For the gate, in one read of the live state.
+    pub fn gate_view(&self, target: QueueTarget, user: u64) -> GateView {
+        match &*self.state.read() {
+            None => GateView::Unknown,
+            Some(s) if s.queue_on(target, user) => GateView::On {
+                queued_since: s.queued_since,
+            },
+            Some(_) => GateView::Off,
+        }
     }
 
-    pub fn snapshot(&self) -> FlagState {
+    /// The state, if known.
+    pub fn snapshot(&self) -> Option<FlagState> {
         self.state.read().clone()
     }
 
     pub fn set(&self, next: FlagState) {
-        *self.state.write() = next;
+        *self.state.write() = Some(next);
     }
 }
 
@@ -252,6 +282,22 @@ mod tests {
         ]);
         assert_eq!(s, defaults);
         assert_eq!(problems.len(), 5, "{problems:?}");
+    }
+
+    #[test]
+    fn an_unknown_flag_queues_everyone() {
+        let t = QueueTarget::new(TargetType::LimitedDrop, 42);
+        let f = Flag::unknown();
+        assert!(f.queue_on(t, 7));
+        assert_eq!(f.gate_view(t, 7), GateView::Unknown);
+        f.set(FlagState::new(false, 100));
+        assert!(!f.queue_on(t, 7));
+        assert_eq!(f.gate_view(t, 7), GateView::Off);
+        f.set(FlagState::new(true, 100));
+        assert_eq!(
+            f.gate_view(t, 7),
+            GateView::On { queued_since: None }
+        );
     }
 
     #[test]

@@ -22,6 +22,8 @@
 //! - `headers`  — strict reading of single-valued request headers, used by every reader.
 //! - `identity` — who the user is: `X-User-Id` from a trusted load balancer, or a verified JWT.
 //! - `registry` — which targets may have a queue (`any` or `registered`).
+//! - `settings` — the run-time settings in Redis (flag, registered sales) as versioned documents:
+//!   adopted, or written back when Redis lost them. No I/O.
 //! - `queue`    — pure domain: targets, positions, ETA, response JSON, the per-replica stats cache.
 //! - `store`    — `QueueStore` trait; `RedisStore` (`redis/`, Lua in `lua/`; script calls
 //!   pipelined on a connection per thread in `redis/pipe.rs`) and `MemoryStore` (`memory/`, the
@@ -71,6 +73,7 @@ pub mod queue;
 pub mod registry;
 pub mod routing;
 pub mod server;
+pub mod settings;
 pub mod sim;
 pub mod store;
 pub mod token;

@@ -72,6 +72,13 @@ pub struct Metrics {
     /// `vq_gateway_connections_refused_total{reason}`: `max_connections`, `first_byte_timeout`
     /// (the first request's header did not arrive in full within `server.first_byte_timeout_ms`).
     pub refused_connections: IntCounterVec,
+    /// `virtual_queue_store_data_loss_total{state}`: run-time settings documents (`flag`,
+    /// `targets`) found missing or older than this replica had read them (`settings.rs`): Redis
+    /// restarted empty, failed over to a replica that missed writes, or was flushed.
+    pub data_loss: IntCounterVec,
+    /// `virtual_queue_registered_invalid_members`: members of `queue:targets` that are not
+    /// canonical `TYPE:ID` (`registry.rs`).
+    pub registered_invalid: IntGauge,
     pub targets: std::sync::Arc<TargetLabels>,
     /// Tells this registry's cached children (`Hot`) from another's on the same thread.
     id: u64,
@@ -197,6 +204,19 @@ impl Metrics {
             ),
             &["reason"],
         )?;
+        let data_loss = IntCounterVec::new(
+            Opts::new(
+                "virtual_queue_store_data_loss_total",
+                "Run-time settings found missing or older in Redis than this replica had read them, by state",
+            ),
+            &["state"],
+        )?;
+        let registered_invalid = IntGauge::new(
+            "virtual_queue_registered_invalid_members",
+            "Members of queue:targets that are not canonical TYPE:ID",
+        )?;
+        registry.register(Box::new(data_loss.clone()))?;
+        registry.register(Box::new(registered_invalid.clone()))?;
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(refused_connections.clone()))?;
         registry.register(Box::new(store_degraded.clone()))?;
@@ -236,6 +256,8 @@ impl Metrics {
             store_calls,
             connections,
             refused_connections,
+            data_loss,
+            registered_invalid,
             targets: Default::default(),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         })

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::config::{redact_url, Config, StoreBackend};
 use crate::flag::{FlagState, FLAG_KEY, QUEUED_SINCE};
 use crate::queue::QueueTarget;
+use crate::settings::DocKind;
 use crate::store::{QueueStore, RedisStore};
 
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +20,8 @@ pub enum OpsError {
     Usage(String),
     #[error("redis: {0}")]
     Store(String),
+    #[error("{0} is missing from Redis (restarted empty, or flushed) and {1} replica(s) run: they write back the last state they read within seconds; run this command again then")]
+    Missing(&'static str, u64),
 }
 
 /// What `flag set` changes.
@@ -58,14 +61,44 @@ async fn connect(config: &Config) -> Result<Arc<RedisStore>, OpsError> {
     Err(OpsError::Unreachable(redact_url(url), CONNECT_WITHIN))
 }
 
+/// How recently a replica must have registered for the CLI to count it as running (it would
+/// write back a settings document Redis lost): the registry's live window at its longest default.
+const REPLICA_WINDOW: Duration = Duration::from_secs(10);
+
+/// Writes an operator's change of a settings document. A document that Redis lost (restarted
+/// empty) while replicas run is not created from this partial change: the replicas write back
+/// the whole one within seconds, and this change is then made on top of it.
+async fn write_setting(
+    store: &RedisStore,
+    kind: DocKind,
+    op: &str,
+    items: &[(String, String)],
+) -> Result<u64, OpsError> {
+    let live = store
+        .live_replicas(REPLICA_WINDOW)
+        .await
+        .map_err(|e| OpsError::Store(e.to_string()))?;
+    let now_ms = crate::clock::now().epoch_ms;
+    let (status, version) = store
+        .write_doc(kind, op, now_ms, live == 0, items)
+        .await
+        .map_err(|e| OpsError::Store(e.to_string()))?;
+    match status.as_str() {
+        "ok" => Ok(version),
+        "missing" => Err(OpsError::Missing(kind.key(), live)),
+        other => Err(OpsError::Store(format!("unexpected answer `{other}`"))),
+    }
+}
+
 /// `flag show`: the TOML defaults, the runtime overrides and the resulting state.
 pub fn show(config: &Config) -> Result<String, OpsError> {
     runtime()?.block_on(async {
         let store = connect(config).await?;
-        let fields = store
-            .read_flag()
+        let reading = store
+            .read_doc(DocKind::Flag)
             .await
             .map_err(|e| OpsError::Store(e.to_string()))?;
+        let fields = reading.items;
         let defaults = FlagState::new(config.flag.enabled, config.flag.rollout_percent);
         let (state, problems) = FlagState::with_overrides(&defaults, &fields);
         let on_off = |b: bool| if b { "on" } else { "off" };
@@ -85,6 +118,13 @@ pub fn show(config: &Config) -> Result<String, OpsError> {
             out.push_str(&format!(
                 "queued since: {since} (epoch s; a token issued before then passes the gate only as the user's stored queue token)\n"
             ));
+        }
+        match reading.version {
+            Some(v) => out.push_str(&format!("version: {v}\n")),
+            None => out.push_str(&format!(
+                "version: none ({} is missing: a new deployment, or Redis lost it and the replicas write it back)\n",
+                DocKind::Flag.meta_key()
+            )),
         }
         out.push_str(&format!("raw {FLAG_KEY}: {fields:?}\n"));
         for p in problems {
@@ -149,38 +189,53 @@ pub fn set(config: &Config, change: &FlagChange) -> Result<String, OpsError> {
     }
     runtime()?.block_on(async {
         let store = connect(config).await?;
-        store
-            .write_flag(&fields)
-            .await
-            .map_err(|e| OpsError::Store(e.to_string()))?;
+        let version = write_setting(&store, DocKind::Flag, "set", &fields).await?;
         let written: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        Ok(format!("{FLAG_KEY}: set {}", written.join(" ")))
+        Ok(format!(
+            "{FLAG_KEY}: set {} (version {version})",
+            written.join(" ")
+        ))
     })
 }
 
-/// `target add|remove|list`: the registered sales in `queue:targets`.
+/// `target add|remove|list`: the registered sales in `queue:targets`. `remove` also takes a
+/// member that is not a canonical `TYPE:ID` (one written by hand), so it can be cleaned up.
 pub fn target(config: &Config, change: Option<(&str, bool)>) -> Result<String, OpsError> {
-    let parsed = match change {
-        Some((t, add)) => Some((
-            QueueTarget::parse_key(t).ok_or_else(|| {
-                OpsError::Usage(format!("`{t}` is not TYPE:ID (e.g. LIMITED_DROP:42)"))
-            })?,
-            add,
-        )),
-        None => None,
-    };
     runtime()?.block_on(async {
         let store = connect(config).await?;
-        if let Some((t, add)) = parsed {
+        let read = |store: Arc<RedisStore>| async move {
             store
-                .write_registered(t, add)
+                .read_doc(DocKind::Targets)
                 .await
-                .map_err(|e| OpsError::Store(e.to_string()))?;
+                .map_err(|e| OpsError::Store(e.to_string()))
+        };
+        if let Some((t, add)) = change {
+            let member = match QueueTarget::parse_key(t) {
+                Some(target) => target.to_string(),
+                None if !add
+                    && read(store.clone())
+                        .await?
+                        .items
+                        .iter()
+                        .any(|(m, _)| m == t) =>
+                {
+                    t.to_string()
+                }
+                None => {
+                    return Err(OpsError::Usage(format!(
+                        "`{t}` is not TYPE:ID (e.g. LIMITED_DROP:42: the type in capitals, the id without leading zeros)"
+                    )))
+                }
+            };
+            let op = if add { "add" } else { "remove" };
+            write_setting(&store, DocKind::Targets, op, &[(member, String::new())]).await?;
         }
-        let mut members = store
-            .registered_targets()
-            .await
-            .map_err(|e| OpsError::Store(e.to_string()))?;
+        let mut members: Vec<String> = read(store.clone())
+            .await?
+            .items
+            .into_iter()
+            .map(|(m, _)| m)
+            .collect();
         members.sort();
         let mut out = String::new();
         if config.queue.targets != crate::registry::TargetsMode::Registered {
@@ -192,7 +247,15 @@ pub fn target(config: &Config, change: Option<(&str, bool)>) -> Result<String, O
             out.push_str(&format!("{t} (file)\n"));
         }
         for m in members {
-            out.push_str(&format!("{m}\n"));
+            if QueueTarget::parse_key(&m).is_some() {
+                out.push_str(&format!("{m}\n"));
+            } else {
+                let meant = crate::registry::lenient_key(&m)
+                    .map_or("nothing".to_string(), |t| t.to_string());
+                out.push_str(&format!(
+                    "{m:?} INVALID: not canonical TYPE:ID; registers {meant}; remove it and add the sale again\n"
+                ));
+            }
         }
         Ok(out)
     })

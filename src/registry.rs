@@ -101,23 +101,43 @@ impl Registry {
     }
 
     /// Replaces the run-time set with the members of `queue:targets`; returns the members that
-    /// are not `TYPE:ID` (ignored).
+    /// are not canonical `TYPE:ID`. Such a member is reported (logged, counted, flagged by
+    /// `target list`) and, when it still names a sale read leniently (`LIMITED_DROP:083`,
+    /// `limited_drop:83`, blanks around it), registers that sale: the operator meant it, and with
+    /// `unregistered_gated = "pass"` ignoring it would leave that sale's purchases ungated.
     pub fn set_dynamic(&self, members: &[String]) -> Vec<String> {
         let mut bad = Vec::new();
         let mut set = HashSet::new();
         for m in members {
-            match QueueTarget::parse_key(m) {
-                Some(t) if set.len() < MAX_REGISTERED => {
+            let target = match QueueTarget::parse_key(m) {
+                Some(t) => Some(t),
+                None => {
+                    bad.push(m.clone());
+                    lenient_key(m)
+                }
+            };
+            if let Some(t) = target {
+                if set.len() < MAX_REGISTERED {
                     set.insert(t);
                 }
-                Some(_) => {}
-                None => bad.push(m.clone()),
             }
         }
         *self.dynamic.write() = set;
         self.mark_loaded();
         bad
     }
+}
+
+/// A `TYPE:ID` member read the way a person who wrote it by hand meant it: blanks around it and
+/// its parts ignored, the type in any case (`-` for `_`), leading zeros of the id folded.
+pub fn lenient_key(s: &str) -> Option<QueueTarget> {
+    let (kind, id) = s.trim().split_once(':')?;
+    let kind = kind.trim().to_ascii_uppercase().replace('-', "_");
+    let id = id.trim().trim_start_matches('0');
+    Some(QueueTarget::new(
+        crate::queue::TargetType::from_enum_name(&kind)?,
+        crate::queue::parse_positive_id(id)?,
+    ))
 }
 
 #[cfg(test)]
@@ -145,6 +165,17 @@ mod tests {
         assert_eq!(bad, vec!["nonsense".to_string()]);
         assert!(r.allows(t(2)));
         assert_eq!(r.standing(t(3)), Standing::Unregistered);
+        let bad = r.set_dynamic(&[
+            "LIMITED_DROP:083".into(),
+            "limited_drop:84".into(),
+            " LIMITED_DROP:85 ".into(),
+            "limited-drop:0086".into(),
+            "LIMITED_DROP:x".into(),
+        ]);
+        assert_eq!(bad.len(), 5, "every one is reported");
+        for id in 83..=86 {
+            assert!(r.allows(t(id)), "{id}: a near miss still registers its sale");
+        }
         r.set_dynamic(&[]);
         assert!(!r.allows(t(2)), "removed at run time");
         assert!(r.allows(t(1)), "configured targets stay");

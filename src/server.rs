@@ -12,7 +12,7 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
-use crate::background::{KeyWatcher, RedisConnection, RuntimeSettings};
+use crate::background::{KeyWatcher, RedisConnection, RuntimeSettings, SettingsRefresher};
 use crate::config::{Config, StoreBackend};
 use crate::flag::{Flag, FlagState};
 use crate::gateway::admin::AdminApp;
@@ -150,10 +150,14 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
             s
         }
     };
-    let flag = Flag::new(FlagState::new(
-        config.flag.enabled,
-        config.flag.rollout_percent,
-    ));
+    let flag_defaults = FlagState::new(config.flag.enabled, config.flag.rollout_percent);
+    // The memory store has no run-time flag: the file's values are all there is. With Redis the
+    // flag is unknown until read (`settings.rs`).
+    let flag = if redis_store.is_some() {
+        Flag::unknown()
+    } else {
+        Flag::new(flag_defaults.clone())
+    };
     let listen = config.server.listen;
     let admin_listen = config.server.admin_listen;
     let identity =
@@ -195,11 +199,17 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     ));
 
     if let Some(store) = redis_store {
+        let refresher = Arc::new(SettingsRefresher::new(
+            store.clone(),
+            state.clone(),
+            flag_defaults,
+        ));
         let redis = server.add_service(background_service(
             "redis",
             RedisConnection {
                 store: store.clone(),
                 state: state.clone(),
+                settings: refresher.clone(),
             },
         ));
         // No answer before the first store contact (or the bounded start-up wait): a replica that
@@ -207,11 +217,7 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
         proxy.add_dependency(&redis);
         let settings = server.add_service(background_service(
             "settings",
-            RuntimeSettings {
-                store,
-                state: state.clone(),
-                defaults: state.flag.snapshot(),
-            },
+            RuntimeSettings { refresher },
         ));
         settings.add_dependency(&redis);
     }

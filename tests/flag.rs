@@ -25,7 +25,7 @@ fn ticking_gateways(
     enabled: bool,
     tick_ms: u64,
 ) -> Vec<GatewayProc> {
-    (0..n)
+    let gws: Vec<GatewayProc> = (0..n)
         .map(|_| {
             let mut cfg = test_config(up.addr);
             cfg.store.backend = StoreKind::Redis;
@@ -34,8 +34,24 @@ fn ticking_gateways(
             cfg.flag.enabled = enabled;
             GatewayProc::start(cfg)
         })
-        .collect()
+        .collect();
+    if !enabled {
+        // On an empty Redis the flag is unknown (everyone queues) until a replica has waited for
+        // others to write it back and created it from its file (`settings.rs`).
+        for gw in &gws {
+            let mut c = gw.client();
+            assert!(
+                wait_until(Duration::from_secs(8), || status_of(&mut c, Q, PROBE)
+                    == "DIRECT_ADMITTED"),
+                "the file's flag never took effect"
+            );
+        }
+    }
+    gws
 }
+
+/// A user only the set-up uses.
+const PROBE: u64 = 999_999;
 
 fn status_of(c: &mut Client, path: &str, user: u64) -> String {
     let r = c
@@ -69,6 +85,33 @@ fn toml_default_decides_without_redis_overrides() {
     let redis2 = RedisServer::start();
     let off = gateways(&redis2, &up, 1, false);
     assert_eq!(status_of(&mut off[0].client(), Q, 1), "DIRECT_ADMITTED");
+    // The file's values were written into Redis with a version: every replica reads the same.
+    assert_eq!(
+        redis2.cmd(&["HGET", "queue:flag", "enabled"]).as_str().as_deref(),
+        Some("off")
+    );
+    assert_eq!(
+        redis2
+            .cmd(&["HGET", "{queue:flag}:meta", "version"])
+            .as_str()
+            .as_deref(),
+        Some("1")
+    );
+}
+
+/// A flag hash without a version (written by hand, or by an older gateway) is used at once and
+/// given one.
+#[test]
+fn an_unversioned_flag_is_adopted_and_stamped() {
+    let redis = RedisServer::start();
+    redis.cmd(&["HSET", "queue:flag", "enabled", "off"]);
+    let up = Upstream::start();
+    let gws = gateways(&redis, &up, 1, true);
+    assert_eq!(status_of(&mut gws[0].client(), Q, 1), "DIRECT_ADMITTED");
+    assert!(wait_until(Duration::from_secs(3), || redis
+        .cmd(&["HGET", "{queue:flag}:meta", "version"])
+        .as_str()
+        .is_some()));
 }
 
 #[test]

@@ -310,7 +310,7 @@ fn a_valid_token_with_an_odd_spelling_reaches_the_canonical_path() {
     assert_eq!(r.status, 200);
     let r = buy(
         &mut c,
-        "http://gateway.test/limited-drops/042/orders",
+        "http://gateway.test/limited-drops/%34%32/orders",
         "1001",
         Some(&token),
         &[],
@@ -321,6 +321,15 @@ fn a_valid_token_with_an_odd_spelling_reaches_the_canonical_path() {
         "a token is single use: {}",
         String::from_utf8_lossy(&r.body)
     );
+    // An id with a leading zero is not sale 42 to the gate, as it is not to the queue API.
+    let r = buy(
+        &mut c,
+        "/limited-drops/042/orders",
+        "1001",
+        Some(&valid(1001)),
+        &[],
+    );
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
     let t43 = token_for(
         TEST_SECRET,
         &format!("LIMITED_DROP|43|1001|{}", now_s() + 200),

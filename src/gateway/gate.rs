@@ -11,6 +11,7 @@ use super::hygiene::HeaderFacts;
 use super::AppState;
 use crate::error::ApiError;
 use crate::failopen::LocalClaim;
+use crate::flag::GateView;
 use crate::identity::IdentityError;
 use crate::queue::QueueTarget;
 use crate::registry::{Standing, UnregisteredGated};
@@ -117,14 +118,28 @@ pub async fn check(
             }),
         };
     }
-    let Some(queued_since) = state.flag.gate_view(target, user) else {
-        return Ok(Passed {
-            target,
-            checked: false,
-            claim: None,
-        });
+    let (queued_since, unknown) = match state.flag.gate_view(target, user) {
+        GateView::Off => {
+            return Ok(Passed {
+                target,
+                checked: false,
+                claim: None,
+            })
+        }
+        GateView::On { queued_since } => (queued_since, false),
+        GateView::Unknown => (None, true),
     };
-    let token = token.ok_or_else(|| deny("missing_token", "an entry token is required"))?;
+    let token = match token {
+        Some(t) => t,
+        // Whether this purchase needs a token is not known yet: it waits, never passes unchecked.
+        None if unknown => {
+            return Err(Denied {
+                error: ApiError::QueueUnavailable,
+                reason: "flag_unknown",
+            })
+        }
+        None => return Err(deny("missing_token", "an entry token is required")),
+    };
     if token.len() > MAX_TOKEN_LEN {
         return Err(bad("token_too_long", "the entry token is too long"));
     }

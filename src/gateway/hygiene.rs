@@ -8,7 +8,10 @@
 //! - Upgrades turn the connection into a tunnel the gate cannot inspect: only websocket, only on
 //!   configured path prefixes (none by default), never on a gated route or the queue API.
 //! - Methods on gated paths must be upper-case tokens (`post` is not `POST` to the gate, but may
-//!   be to the backend).
+//!   be to the backend); method-override headers and query parameters (`_method=POST`) are
+//!   refused there whatever the method.
+//! - CGI-style backends read `X_User_Id` as `X-User-Id` (both become `HTTP_X_USER_ID`): a
+//!   protected header spelled with underscores never reaches the backend.
 //!
 //! Pure: no I/O.
 
@@ -57,6 +60,9 @@ pub struct HeaderFacts<'h> {
     pub method_override: bool,
     /// Which of `NEVER_FORWARDED` are present.
     pub never_forwarded: [bool; 2],
+    /// A protected header (or a method override) is present spelled with underscores
+    /// (`X_User_Id`): such fields are dropped before forwarding (`underscore_spelling`).
+    pub underscored: bool,
     /// How many `X-Entry-Token` fields there are, and the first one's value.
     entry_tokens: usize,
     entry_token: Option<&'h HeaderValue>,
@@ -141,6 +147,15 @@ fn scan_fields(
                 facts.entry_tokens += 1;
                 facts.entry_token = facts.entry_token.or(Some(value));
             }
+        } else if name.as_str().as_bytes().contains(&b'_') {
+            match underscore_spelling(name) {
+                Some(Spelled::Protected) => facts.underscored = true,
+                Some(Spelled::MethodOverride) => {
+                    facts.underscored = true;
+                    facts.method_override = true;
+                }
+                None => {}
+            }
         }
     }
     if bytes > max_bytes {
@@ -169,6 +184,83 @@ fn scan_fields(
         );
     }
     Ok(facts)
+}
+
+/// What a header name spelled with underscores stands for, read as CGI does (`_` as `-`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spelled {
+    /// One of `PROTECTED_HEADERS` (or the entry token).
+    Protected,
+    /// One of `METHOD_OVERRIDE_HEADERS`.
+    MethodOverride,
+}
+
+/// `name` read with its underscores as dashes, if that is a header the gate or the backend relies
+/// on. (Header names are lower case already.)
+pub fn underscore_spelling(name: &HeaderName) -> Option<Spelled> {
+    let n = name.as_str();
+    if !n.contains('_') || n.len() > 32 {
+        return None;
+    }
+    let dashed: String = n.chars().map(|c| if c == '_' { '-' } else { c }).collect();
+    if PROTECTED_HEADERS.contains(&dashed.as_str()) {
+        Some(Spelled::Protected)
+    } else if METHOD_OVERRIDE_HEADERS.iter().any(|h| h.as_str() == dashed) {
+        Some(Spelled::MethodOverride)
+    } else {
+        None
+    }
+}
+
+/// Query parameter names that frameworks read as the method to use (Rails, Laravel, Symfony,
+/// Spring's `HiddenHttpMethodFilter`, Express's `method-override`), compared after
+/// percent-decoding, without case and surrounding blanks.
+const METHOD_OVERRIDE_PARAMS: [&str; 4] = [
+    "_method",
+    "x-http-method-override",
+    "x-method-override",
+    "x-http-method",
+];
+
+/// Whether a query string carries a method-override parameter (`?_method=POST` turns a GET that
+/// the gate lets through into a POST at such a backend). Parameters are split on `&` and `;`.
+pub fn method_override_query(query: &[u8]) -> bool {
+    query.split(|&b| b == b'&' || b == b';').any(|param| {
+        let name = param.split(|&b| b == b'=').next().unwrap_or_default();
+        if name.is_empty() || name.len() > 64 {
+            return false;
+        }
+        let decoded = decode_query_name(name);
+        let trimmed = decoded.trim_matches(|c: char| c.is_ascii_whitespace() || c == '\0');
+        METHOD_OVERRIDE_PARAMS
+            .iter()
+            .any(|p| trimmed.eq_ignore_ascii_case(p))
+    })
+}
+
+/// A query parameter name as a form decoder reads it: `+` is a space, `%XX` a byte (an invalid
+/// escape stays as written).
+fn decode_query_name(name: &[u8]) -> String {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(name.len());
+    let mut i = 0;
+    while i < name.len() {
+        match name[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < name.len() => {
+                match (hex(name[i + 1]), hex(name[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push(h << 4 | l);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// One plain decimal of at most 13 digits, at most `MAX_CONTENT_LENGTH`.
@@ -351,6 +443,40 @@ mod tests {
             let facts = check(m).unwrap();
             let single = crate::headers::single(m, super::super::gate::TOKEN_HEADER);
             assert_eq!(facts.entry_token(), single, "{m:?}");
+        }
+    }
+
+    #[test]
+    fn underscore_spellings_of_protected_headers() {
+        let m = h(&[("x_user_id", "7")]);
+        let f = check(&m).unwrap();
+        assert!(f.underscored && !f.method_override);
+        assert!(check(&h(&[("X_Entry_Token", "t")])).unwrap().underscored);
+        let m = h(&[("x_http_method_override", "POST")]);
+        let f = check(&m).unwrap();
+        assert!(f.underscored && f.method_override);
+        for fine in ["x_request_id", "accept", "x-user-id"] {
+            assert!(!check(&h(&[(fine, "1")])).unwrap().underscored, "{fine}");
+        }
+    }
+
+    #[test]
+    fn method_override_query_parameters() {
+        for q in [
+            "_method=POST",
+            "a=1&_method=POST",
+            "a=1;_METHOD=post",
+            "_%6Dethod=POST",
+            "%5Fmethod=POST",
+            "+_method=POST",
+            "_method",
+            "X-HTTP-Method-Override=POST",
+            "_method%00=POST",
+        ] {
+            assert!(method_override_query(q.as_bytes()), "{q}");
+        }
+        for q in ["", "method=POST", "_methods=1", "a=_method", "x=%5", "_method_=1", "%"] {
+            assert!(!method_override_query(q.as_bytes()), "{q}");
         }
     }
 

@@ -62,6 +62,9 @@ pub struct RequestCtx {
     /// Which headers the backend never receives the request carries
     /// (`hygiene::NEVER_FORWARDED`).
     never_forwarded: [bool; 2],
+    /// The request carries a protected header spelled with underscores (dropped before
+    /// forwarding).
+    underscored: bool,
     /// With `identity.mode = "jwt"`: the verified user, the only `X-User-Id` the backend sees.
     verified_user: Option<u64>,
 }
@@ -245,6 +248,7 @@ impl ProxyHttp for Gateway {
             sent_upstream: false,
             upgrade: false,
             never_forwarded: [false; 2],
+            underscored: false,
             verified_user: None,
         }
     }
@@ -298,6 +302,7 @@ impl ProxyHttp for Gateway {
             Err(hygiene::ScanError::Refused(r)) => return self.reject(session, ctx, r).await,
         };
         ctx.never_forwarded = facts.never_forwarded;
+        ctx.underscored = facts.underscored;
         let req = session.req_header();
         let raw = req.raw_path();
         let absolute_form = is_absolute_form(raw);
@@ -334,6 +339,18 @@ impl ProxyHttp for Gateway {
             return self.reject(session, ctx, r).await;
         }
         let lookalike = gated.is_none() && gated::lookalike(&config.gate.routes, &canonical);
+        if (gated.is_some() || lookalike)
+            && req
+                .uri
+                .query()
+                .is_some_and(|q| hygiene::method_override_query(q.as_bytes()))
+        {
+            let r = hygiene::Refusal {
+                reason: "method_override",
+                detail: "method-override parameters are not allowed on this route",
+            };
+            return self.reject(session, ctx, r).await;
+        }
         if lookalike && facts.method_override {
             let r = hygiene::Refusal {
                 reason: "method_override",
@@ -396,6 +413,17 @@ impl ProxyHttp for Gateway {
         for (name, present) in hygiene::NEVER_FORWARDED.iter().zip(ctx.never_forwarded) {
             if present {
                 upstream.remove_header(name);
+            }
+        }
+        if ctx.underscored {
+            let spelled: Vec<http::HeaderName> = upstream
+                .headers
+                .keys()
+                .filter(|n| hygiene::underscore_spelling(n).is_some())
+                .cloned()
+                .collect();
+            for name in spelled {
+                upstream.remove_header(&name);
             }
         }
         if self.state.identity.is_jwt() {

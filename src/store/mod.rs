@@ -22,6 +22,7 @@ pub use guard::{GuardConfig, StoreGuard};
 pub use memory::MemoryStore;
 pub use redis::url::{Deployment, RedisUrl};
 pub use redis::RedisStore;
+pub use scripts::REGISTERED_KEY;
 
 /// How long the per-target keys live after their last write (SPEC §4: idle targets vanish).
 pub const TARGET_KEY_TTL_SECS: u64 = 30 * 60;

@@ -37,6 +37,8 @@ pub struct Scripts {
     pub setnx: Script,
     pub instances: Script,
     pub admit: Script,
+    pub settings_read: Script,
+    pub settings_write: Script,
 }
 
 impl Scripts {
@@ -53,10 +55,15 @@ impl Scripts {
             setnx: Script::new("setnx", include_str!("../../lua/setnx.lua")),
             instances: Script::new("instances", include_str!("../../lua/instances.lua")),
             admit: Script::new("admit", include_str!("../../lua/admit.lua")),
+            settings_read: Script::new("settings_read", include_str!("../../lua/settings_read.lua")),
+            settings_write: Script::new(
+                "settings_write",
+                include_str!("../../lua/settings_write.lua"),
+            ),
         }
     }
 
-    pub fn all(&self) -> [&Script; 11] {
+    pub fn all(&self) -> [&Script; 13] {
         [
             &self.enter,
             &self.poll,
@@ -69,6 +76,8 @@ impl Scripts {
             &self.setnx,
             &self.instances,
             &self.admit,
+            &self.settings_read,
+            &self.settings_write,
         ]
     }
 }

@@ -1,12 +1,13 @@
-//! The operator-facing keys of `RedisStore`: the run-time flag (`queue:flag`), the registered
-//! sales (`queue:targets`) and Redis's own memory settings. Plain commands, no scripts.
+//! The operator-facing keys of `RedisStore`: the run-time settings documents (the flag
+//! `queue:flag`, the registered sales `queue:targets`, each with its version: `src/settings.rs`),
+//! the replica count the CLI checks, and Redis's own memory settings.
 
 use fred::prelude::*;
 
 use super::{store_err, RedisStore};
-use crate::queue::QueueTarget;
+use crate::settings::{DocKind, Reading};
 use crate::store::replies::{protocol, reply_array};
-use crate::store::scripts::REGISTERED_KEY;
+use crate::store::scripts::INSTANCES_KEY;
 use crate::store::StoreError;
 
 impl RedisStore {
@@ -27,45 +28,95 @@ impl RedisStore {
         Some((get("maxmemory")?.parse().ok()?, get("maxmemory-policy")?))
     }
 
-    /// The fields of the runtime flag hash (`queue:flag`).
-    pub async fn read_flag(&self) -> Result<Vec<(String, String)>, StoreError> {
+    /// One run-time settings document with its version (`settings_read.lua`).
+    pub async fn read_doc(&self, kind: DocKind) -> Result<Reading, StoreError> {
+        let what = if kind.is_hash() { "hash" } else { "set" };
         let reply = self
-            .command("HGETALL", vec![crate::flag::FLAG_KEY.into()])
-            .await
-            .map_err(store_err)?;
-        string_pairs(reply, "flag hash")
+            .eval(
+                &self.scripts.settings_read,
+                vec![kind.key().to_string(), kind.meta_key()],
+                vec![what.into()],
+            )
+            .await?;
+        let mut values = reply_array(reply, "settings")?.into_iter();
+        let version = match values.next().and_then(|v| v.as_i64()) {
+            Some(v) if v >= 0 => Some(v as u64),
+            Some(_) => None,
+            None => return Err(protocol("settings version", &Value::Null)),
+        };
+        let strings: Vec<String> = values.filter_map(|v| v.as_string()).collect();
+        let items = if kind.is_hash() {
+            strings
+                .chunks(2)
+                .filter_map(|p| Some((p.first()?.clone(), p.get(1)?.clone())))
+                .collect()
+        } else {
+            strings.into_iter().map(|m| (m, String::new())).collect()
+        };
+        Ok(Reading { items, version })
     }
 
-    /// Writes fields of the runtime flag hash.
-    pub async fn write_flag(&self, fields: &[(String, String)]) -> Result<(), StoreError> {
-        let mut args: Vec<Value> = vec![crate::flag::FLAG_KEY.into()];
-        for (k, v) in fields {
-            args.push(k.as_str().into());
-            args.push(v.as_str().into());
+    /// A write of a settings document (`settings_write.lua`): `op` is `set`, `add`, `remove`,
+    /// `restore` or `bootstrap`; `arg` the writer's clock or the version restored. Returns the
+    /// script's status (`ok`, `newer`, `missing`) and the version Redis holds.
+    pub async fn write_doc(
+        &self,
+        kind: DocKind,
+        op: &str,
+        arg: u64,
+        may_create: bool,
+        items: &[(String, String)],
+    ) -> Result<(String, u64), StoreError> {
+        let what = if kind.is_hash() { "hash" } else { "set" };
+        let mut argv: Vec<Value> = vec![
+            what.into(),
+            op.into(),
+            arg.to_string().into(),
+            if may_create { "1" } else { "0" }.into(),
+        ];
+        for (k, v) in items {
+            argv.push(k.as_str().into());
+            if kind.is_hash() {
+                argv.push(v.as_str().into());
+            }
         }
-        self.command("HSET", args).await.map_err(store_err)?;
-        Ok(())
-    }
-
-    /// The targets ops registered (`queue:targets`), for `queue.targets = "registered"`.
-    pub async fn registered_targets(&self) -> Result<Vec<String>, StoreError> {
         let reply = self
-            .command("SMEMBERS", vec![REGISTERED_KEY.into()])
-            .await
-            .map_err(store_err)?;
-        Ok(reply_array(reply, "registered")?
-            .iter()
-            .filter_map(|v| v.as_string())
-            .collect())
+            .eval(
+                &self.scripts.settings_write,
+                vec![kind.key().to_string(), kind.meta_key()],
+                argv,
+            )
+            .await?;
+        let values = reply_array(reply, "settings write")?;
+        let status = values.first().and_then(|v| v.as_string());
+        let version = values.get(1).and_then(|v| v.as_u64());
+        match (status, version) {
+            (Some(s), Some(v)) => Ok((s, v)),
+            _ => Err(protocol("settings write", &Value::Array(values))),
+        }
     }
 
-    /// Adds (`add`) or removes a registered target.
-    pub async fn write_registered(&self, target: QueueTarget, add: bool) -> Result<(), StoreError> {
-        let cmd = if add { "SADD" } else { "SREM" };
-        self.command(cmd, vec![REGISTERED_KEY.into(), target.to_string().into()])
+    /// How many gateway replicas registered within `window` (the CLI's check that someone runs
+    /// who may write back a lost settings document).
+    pub async fn live_replicas(&self, window: std::time::Duration) -> Result<u64, StoreError> {
+        let time = self
+            .command("TIME", vec![])
             .await
             .map_err(store_err)?;
-        Ok(())
+        let secs = reply_array(time, "time")?
+            .first()
+            .and_then(|v| v.as_string())
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(0);
+        let from = (secs * 1000).saturating_sub(crate::queue::millis(window));
+        let count = self
+            .command(
+                "ZCOUNT",
+                vec![INSTANCES_KEY.into(), from.to_string().into(), "+inf".into()],
+            )
+            .await
+            .map_err(store_err)?;
+        Ok(count.as_u64().unwrap_or(0))
     }
 }
 
