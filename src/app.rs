@@ -7,7 +7,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::failopen::{LocalClaims, Pacer};
+use crate::claims::Claims;
+use crate::failopen::Pacer;
 use crate::flag::Flag;
 use crate::metrics::Metrics;
 use crate::queue::QueueTarget;
@@ -25,8 +26,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// The paced fail-open budget (`failopen.rs`).
     pub pacer: Arc<Pacer>,
-    /// Single-use claims taken while the store could not record them.
-    pub claims: LocalClaims,
+    /// The single-use claims this replica remembers (`claims.rs`).
+    pub claims: Claims,
     /// Who the user is (`[identity]`).
     pub identity: crate::identity::Identity,
     /// Which targets may have a queue (`queue.targets`).
@@ -38,6 +39,12 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The claims to start with (a journal's, `fail_open.claims_file`).
+    pub fn with_claims(mut self, claims: Claims) -> AppState {
+        self.claims = claims;
+        self
+    }
+
     pub fn new(
         config: Config,
         upstream: SocketAddr,
@@ -73,7 +80,7 @@ impl AppState {
             flag,
             metrics,
             pacer: Arc::new(pacer),
-            claims: LocalClaims::default(),
+            claims: Claims::in_memory(),
             identity,
             registry,
             stats_cache: Default::default(),

@@ -101,6 +101,10 @@ impl SettingsRefresher {
                         .data_loss
                         .with_label_values(&[kind.as_str()])
                         .inc();
+                    if kind == DocKind::Flag {
+                        // The spent tokens went with it: write back every claim remembered here.
+                        self.state.claims.requeue_all(now_ms / 1000);
+                    }
                     tracing::error!(
                         state = kind.as_str(),
                         key = kind.key(),
@@ -223,6 +227,7 @@ impl RedisConnection {
             if store.probe().await.is_err() || self.state.claims.pending_len() == 0 {
                 continue;
             }
+            // The claims taken while the store was down (or remembered, after it lost its data).
             let now = crate::clock::now();
             let pending = self.state.claims.take_pending(now.epoch_ms / 1000);
             let mut left = Vec::new();
@@ -248,7 +253,7 @@ impl RedisConnection {
                     "claims taken during the outage written to the store"
                 );
             }
-            self.state.claims.restore_pending(left);
+            self.state.claims.restore_pending(left).await;
         }
     }
 

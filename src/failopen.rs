@@ -1,5 +1,6 @@
 //! What a replica does while its store cannot be used (Redis down, hung, or shedding load): the
-//! fail-open policy (`fail_open.mode`) and the two pieces of local state that keep its promises.
+//! fail-open policy (`fail_open.mode`) and the paced budget that keeps its promise. (The
+//! single-use claims it takes meanwhile are `claims.rs`.)
 //!
 //! - `Pacer`: in `paced` mode (the default) a replica still enforces the admission budget by
 //!   itself: per target and tick it lets at most its *share* through directly. Each registration
@@ -28,10 +29,6 @@
 //!   So a pump's batch plus the paced shares of the replicas it reserves for is at most
 //!   `batch_size` per tick, and in an outage of every replica at once the paced shares add up to
 //!   at most `batch_size`.
-//! - `LocalClaims`: single-use claims that could not be stored in Redis are kept per replica for
-//!   the token's lifetime (a token is refused a second time on the same replica) and written to
-//!   Redis once it answers again, so after recovery a token used during the outage stays spent.
-//!   The reuse window is therefore one use per replica during the outage.
 //!
 //! No I/O: the caller passes the clock.
 
@@ -335,91 +332,6 @@ impl Pacer {
     }
 }
 
-/// How many claims a replica keeps locally at most (each is one admitted user's token).
-pub const MAX_LOCAL_CLAIMS: usize = 200_000;
-
-/// Single-use claims taken while the store could not record them.
-#[derive(Debug, Default)]
-pub struct LocalClaims {
-    inner: Mutex<ClaimsInner>,
-}
-
-#[derive(Debug, Default)]
-struct ClaimsInner {
-    /// (target, token id) → until when the claim holds (epoch seconds).
-    claims: HashMap<(QueueTarget, String), u64>,
-    /// Claims not yet written to the store.
-    pending: Vec<(QueueTarget, String, u64)>,
-    /// When expired claims were last purged (a full table is scanned at most once a second).
-    purged_at: u64,
-}
-
-/// The outcome of a local claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LocalClaim {
-    Taken,
-    AlreadyUsed,
-    /// The local table is full of unexpired claims.
-    Full,
-}
-
-impl LocalClaims {
-    pub fn claim(&self, target: QueueTarget, id: &str, expires_at: u64, now_s: u64) -> LocalClaim {
-        let mut c = self.inner.lock();
-        let key = (target, id.to_string());
-        if c.claims.get(&key).is_some_and(|exp| *exp > now_s) {
-            return LocalClaim::AlreadyUsed;
-        }
-        if c.claims.len() >= MAX_LOCAL_CLAIMS {
-            if c.purged_at < now_s {
-                c.purged_at = now_s;
-                c.claims.retain(|_, exp| *exp > now_s);
-                c.pending.retain(|(_, _, exp)| *exp > now_s);
-            }
-            if c.claims.len() >= MAX_LOCAL_CLAIMS {
-                return LocalClaim::Full;
-            }
-        }
-        c.claims.insert(key, expires_at);
-        c.pending.push((target, id.to_string(), expires_at));
-        LocalClaim::Taken
-    }
-
-    /// Gives a local claim back (the backend did not process the request).
-    pub fn release(&self, target: QueueTarget, id: &str) {
-        let mut c = self.inner.lock();
-        c.claims.remove(&(target, id.to_string()));
-        c.pending.retain(|(t, i, _)| !(*t == target && i == id));
-    }
-
-    /// Whether `id` is claimed locally (and unexpired).
-    pub fn contains(&self, target: QueueTarget, id: &str, now_s: u64) -> bool {
-        let c = self.inner.lock();
-        c.claims
-            .get(&(target, id.to_string()))
-            .is_some_and(|exp| *exp > now_s)
-    }
-
-    /// Takes the claims still to be written to the store (unexpired ones only).
-    pub fn take_pending(&self, now_s: u64) -> Vec<(QueueTarget, String, u64)> {
-        let mut c = self.inner.lock();
-        let mut out = std::mem::take(&mut c.pending);
-        out.retain(|(_, _, exp)| *exp > now_s);
-        out
-    }
-
-    /// Puts back claims that could not be written yet.
-    pub fn restore_pending(&self, claims: Vec<(QueueTarget, String, u64)>) {
-        let mut c = self.inner.lock();
-        c.pending.extend(claims);
-    }
-
-    pub fn pending_len(&self) -> usize {
-        let c = self.inner.lock();
-        c.pending.len()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -616,28 +528,6 @@ mod tests {
             p.try_admit(t(3), 1_000_000, PACING + 1000, 0),
             Pace::Admitted,
             "a new tick"
-        );
-    }
-
-    #[test]
-    fn local_claims_are_single_use_and_pending_until_written() {
-        let c = LocalClaims::default();
-        assert_eq!(c.claim(t(1), "a", 100, 10), LocalClaim::Taken);
-        assert_eq!(c.claim(t(1), "a", 100, 11), LocalClaim::AlreadyUsed);
-        assert_eq!(c.claim(t(2), "a", 100, 11), LocalClaim::Taken);
-        c.release(t(2), "a");
-        assert!(!c.contains(t(2), "a", 12));
-        assert_eq!(c.pending_len(), 1);
-        let p = c.take_pending(12);
-        assert_eq!(p, vec![(t(1), "a".to_string(), 100)]);
-        assert_eq!(c.pending_len(), 0);
-        c.restore_pending(p);
-        assert_eq!(c.pending_len(), 1);
-        assert!(c.take_pending(200).is_empty(), "expired claims are dropped");
-        assert_eq!(
-            c.claim(t(1), "a", 300, 150),
-            LocalClaim::Taken,
-            "an expired claim no longer counts"
         );
     }
 

@@ -30,8 +30,10 @@
 //!   executable model of the scripts), heartbeat windows in `liveness.rs`, both behind
 //!   `StoreGuard` (deadlines, per-class in-flight limits, circuit breaker, health), which every
 //!   caller goes through.
-//! - `failopen` — what a replica does while its store cannot be used: the mode, the paced budget,
-//!   the local single-use claims. No I/O.
+//! - `failopen` — what a replica does while its store cannot be used: the mode and the paced
+//!   budget. No I/O.
+//! - `claims`   — the single-use claims a replica remembers: those Redis recorded, and those taken
+//!   while it was down (journalled to disk in `claims/journal.rs`, written back later).
 //! - `token`    — entry token mint/verify (HMAC-SHA256, SPEC §6). No I/O.
 //! - `flag`     — queue flag and rollout bucket evaluation (SPEC §7). No I/O.
 //! - `pump`     — admission pump background service: lock, advance, sweep (SPEC §5). Depends on
@@ -56,6 +58,7 @@
 
 pub mod app;
 pub mod background;
+pub mod claims;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -45,6 +45,8 @@ pub enum StartError {
     Metrics(String),
     #[error("identity keys: {0}")]
     Identity(String),
+    #[error("fail_open.claims_file `{path}`: {reason}")]
+    ClaimsFile { path: String, reason: String },
 }
 
 /// Reads the signing secret (and the optional previous one) from the environment variables the
@@ -163,9 +165,28 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     let identity =
         crate::identity::Identity::new(config.identity.clone()).map_err(StartError::Identity)?;
     let memory = matches!(config.store.backend, StoreBackend::Memory);
-    let state = Arc::new(AppState::new(
-        config, upstream, store, keys, flag, metrics, identity,
-    ));
+    let claims = match &config.fail_open.claims_file {
+        None => crate::claims::Claims::in_memory(),
+        Some(path) => {
+            let journal =
+                crate::claims::Journal::open(path).map_err(|e| StartError::ClaimsFile {
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                })?;
+            let claims =
+                crate::claims::Claims::with_journal(journal, crate::clock::now().epoch_ms / 1000);
+            if claims.pending_len() > 0 {
+                tracing::info!(
+                    claims = claims.pending_len(),
+                    "claims journalled before a restart; written to the store once it answers"
+                );
+            }
+            claims
+        }
+    };
+    let state = Arc::new(
+        AppState::new(config, upstream, store, keys, flag, metrics, identity).with_claims(claims),
+    );
     if memory {
         state.registry.mark_loaded();
     }

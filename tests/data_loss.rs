@@ -223,3 +223,116 @@ fn redis_restarted_empty_mid_sale_keeps_the_queue_on_and_writes_the_state_back()
         [windows[0], windows[1], windows[3]]
     );
 }
+
+/// The overload replay: a replica flooded by 4,096 connections of polls while 600 tokens that
+/// were spent through another replica are replayed through it. Its claim calls time out because
+/// the replica is overloaded, not because Redis is down: they must not fall back to local claims
+/// (which cannot see the uses Redis recorded).
+#[test]
+fn spent_tokens_replayed_under_overload_never_reach_the_backend() {
+    let _serial = serial();
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let config = || {
+        let mut cfg = test_config(up.addr);
+        cfg.store.backend = StoreKind::Redis;
+        cfg.store.redis_url = redis.url();
+        cfg.queue.tick_ms = 3_600_000;
+        cfg
+    };
+    let (spender, flooded) = (GatewayProc::start(config()), GatewayProc::start(config()));
+    let exp = now_s() + 250;
+    let tokens: Vec<(String, String)> = (1..=600u64)
+        .map(|u| {
+            let t = token_for(TEST_SECRET, &format!("LIMITED_DROP|42|{u}|{exp}"));
+            (u.to_string(), t)
+        })
+        .collect();
+    let mut c = spender.client();
+    for (user, token) in &tokens {
+        let r = c
+            .request(
+                "POST",
+                &purchase_path(42),
+                &[("X-User-Id", user), ("X-Entry-Token", token)],
+                b"{}",
+            )
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    let bought = || {
+        up.requests()
+            .iter()
+            .filter(|r| r.target == purchase_path(42))
+            .count()
+    };
+    assert_eq!(bought(), 600);
+
+    let flood = common::flood::Flood::start(flooded.listen, 4096, |i, _| {
+        format!(
+            "GET /virtual-queues/limited-drop/42/entries/me HTTP/1.1\r\nHost: t\r\nX-User-Id: {}\r\n\r\n",
+            2_000_000 + i
+        )
+    });
+    assert!(wait_until(Duration::from_secs(20), || flood.answers() > 20_000));
+    let stop = Arc::new(AtomicBool::new(false));
+    let tokens = Arc::new(tokens);
+    let replayers: Vec<_> = (0..64)
+        .map(|k| {
+            let (stop, tokens) = (stop.clone(), tokens.clone());
+            let addr = flooded.listen;
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                let mut statuses = std::collections::BTreeMap::<u16, u64>::new();
+                let mut i = k * 10;
+                while !stop.load(Ordering::Relaxed) {
+                    let (user, token) = &tokens[i % tokens.len()];
+                    i += 1;
+                    let status = match c.request(
+                        "POST",
+                        &purchase_path(42),
+                        &[("X-User-Id", user), ("X-Entry-Token", token)],
+                        b"{}",
+                    ) {
+                        Ok(r) => r.status,
+                        Err(_) => {
+                            c = Client::connect(addr);
+                            0
+                        }
+                    };
+                    *statuses.entry(status).or_default() += 1;
+                }
+                statuses
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(12));
+    stop.store(true, Ordering::Relaxed);
+    let mut statuses = std::collections::BTreeMap::<u16, u64>::new();
+    for r in replayers {
+        for (s, n) in r.join().unwrap() {
+            *statuses.entry(s).or_default() += n;
+        }
+    }
+    let answers = flood.answers();
+    let counts = flood.stop();
+    let m = flooded.metrics();
+    let series = |s: &str| metric(&m, s);
+    eprintln!(
+        "overload replay: {answers} flood answers ({} 5xx, {} reconnects); replays by status {statuses:?}; claim calls failed {}, refused unconfirmed {}, saturated {}",
+        counts.errors.load(Ordering::Relaxed),
+        counts.reconnects.load(Ordering::Relaxed),
+        series("virtual_queue_redis_degraded_total{op=\"claim\"}"),
+        series("virtual_queue_bypass_attempts_total{reason=\"claim_unconfirmed\",route=\"/limited-drops/{id}/orders\"}"),
+        series("virtual_queue_bypass_attempts_total{reason=\"claim_saturated\",route=\"/limited-drops/{id}/orders\"}"),
+    );
+    assert_eq!(bought(), 600, "a spent token reached the backend again");
+    assert!(statuses.values().sum::<u64>() >= 500, "{statuses:?}");
+    assert!(statuses.keys().all(|s| matches!(s, 403 | 503 | 0)), "{statuses:?}");
+    // The overload was real: claim calls timed out while Redis answered (each would have been a
+    // local claim, and a spent token at the backend, before).
+    assert!(
+        series("virtual_queue_bypass_attempts_total{reason=\"claim_unconfirmed\",route=\"/limited-drops/{id}/orders\"}") > 0,
+        "no claim call timed out: the flood did not overload the replica"
+    );
+}

@@ -12,21 +12,6 @@ use ring::hmac;
 const ORDERS: &str = "/limited-drops/42/orders";
 const OLD_SECRET: &str = "old-secret-abcdefghijklmnopqrstuvwxyz-0123";
 
-fn now_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-/// Mints a token straight from SPEC §6 with `ring` and `base64`, independent of the gateway code.
-fn token_for(secret: &str, payload: &str) -> String {
-    let key = hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes());
-    let mac = hmac::sign(&key, payload.as_bytes());
-    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    format!("{}.{}", b64.encode(payload), b64.encode(mac.as_ref()))
-}
-
 fn valid(user: u64) -> String {
     token_for(
         TEST_SECRET,

@@ -24,13 +24,6 @@ fn data(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn now_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
 fn claims(sub: &str) -> serde_json::Value {
     serde_json::json!({
         "sub": sub, "iss": "https://auth.test", "aud": "ticketing",

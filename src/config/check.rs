@@ -109,11 +109,29 @@ pub(super) fn fail_open(
     st: &StoreConfig,
 ) -> Result<FailOpenConfig, ConfigError> {
     let min_replicas = in_range("fail_open.min_replicas", fo.min_replicas, 1, 10_000)? as u32;
+    let claims_file = match fo.claims_file.as_deref() {
+        None => None,
+        Some(p) => {
+            let path = std::path::PathBuf::from(p);
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+            if p.is_empty() || path.file_name().is_none() || path.is_dir() {
+                return Err(invalid("fail_open.claims_file", "must name a file"));
+            }
+            if dir.is_some_and(|d| !d.is_dir()) {
+                return Err(invalid(
+                    "fail_open.claims_file",
+                    format!("`{p}`: its directory does not exist"),
+                ));
+            }
+            Some(path)
+        }
+    };
     let mut config = FailOpenConfig {
         mode: fo.mode,
         min_replicas,
         paced_for: DEFAULT_PACED_FOR,
         max_replicas_ignored: fo.max_replicas.is_some(),
+        claims_file,
     };
     let least = {
         let c = crate::failopen::PacerConfig::from_config(&config, q, st);

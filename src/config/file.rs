@@ -216,6 +216,10 @@ pub struct FailOpenSection {
     /// Unset: 120 s, or the least the tick allows if that is longer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub paced_for_s: Option<u64>,
+    /// Where the single-use claims taken while the store is down are journalled before the
+    /// purchase is forwarded (`claims/journal.rs`); unset: kept in memory only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claims_file: Option<String>,
 }
 
 impl Default for FailOpenSection {
@@ -225,6 +229,7 @@ impl Default for FailOpenSection {
             min_replicas: 1,
             max_replicas: None,
             paced_for_s: None,
+            claims_file: None,
         }
     }
 }

@@ -103,6 +103,8 @@ pub struct FailOpenConfig {
     /// The file set `fail_open.max_replicas`, which is no longer used (said at start-up and by
     /// `check-config`).
     pub max_replicas_ignored: bool,
+    /// `fail_open.claims_file`: the claims journal, if any.
+    pub claims_file: Option<std::path::PathBuf>,
 }
 
 /// What start-up and `check-config` say about a file that sets `fail_open.max_replicas`.

@@ -10,7 +10,7 @@ use http::{HeaderName, Method};
 use super::hygiene::HeaderFacts;
 use super::AppState;
 use crate::error::ApiError;
-use crate::failopen::LocalClaim;
+use crate::claims::LocalClaim;
 use crate::flag::GateView;
 use crate::identity::IdentityError;
 use crate::queue::QueueTarget;
@@ -58,8 +58,8 @@ fn bad(reason: &'static str, detail: &'static str) -> Denied {
     }
 }
 
-/// A single-use claim taken for a request: in the store, or (the store unavailable) in this
-/// replica's `LocalClaims`, to be written to the store once it answers again.
+/// A single-use claim taken for a request: in the store, or (the store down) in this replica's
+/// `Claims`, to be written to the store once it answers again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
     Stored(QueueTarget, String),
@@ -172,42 +172,58 @@ pub async fn check(
     }
     let id = token_id(token);
     let used = || deny("already_used", "the entry token has been used already");
-    if state.claims.contains(target, &id, now_s) {
-        // Spent on this replica while the store was down, and not yet written back.
+    if state.claims.used_here(target, &id, now_s) {
+        // Spent through this replica: refused without asking the store (which may be down, or
+        // may have lost the claim).
         return Err(used());
     }
     // Held until the token has expired on every instance, not only on this one: a replica whose
     // clock is up to EXPIRY_SKEW_SECS behind still accepts it until then.
     let held_until = claims.expires_at.saturating_add(EXPIRY_SKEW_SECS);
     let ttl = Duration::from_secs(held_until.saturating_sub(now_s));
+    let unconfirmed = |reason| Denied {
+        error: ApiError::QueueUnavailable,
+        reason,
+    };
     match state.store.claim(target, &id, ttl, now).await {
-        Ok(true) => Ok(Passed {
-            target,
-            checked: true,
-            claim: Some(Claim::Stored(target, id)),
-        }),
+        Ok(true) => {
+            state.claims.remember_stored(target, &id, held_until, now_s);
+            Ok(Passed {
+                target,
+                checked: true,
+                claim: Some(Claim::Stored(target, id)),
+            })
+        }
         Ok(false) => Err(used()),
         // This replica is at its own limit while Redis answers: a local claim could not see a
         // use recorded in Redis, so the purchase waits instead (the token stays unused).
-        Err(StoreError::Saturated) => Err(Denied {
-            error: ApiError::QueueUnavailable,
-            reason: "claim_saturated",
-        }),
-        // HMAC and expiry still hold; the claim is kept on this replica and written to the
-        // store when it answers again (`LocalClaims`).
-        Err(_) => match state.claims.claim(target, &id, held_until, now_s) {
+        Err(StoreError::Saturated) => Err(unconfirmed("claim_saturated")),
+        // Redis answered something lately (late replies included): it is slow, or this replica
+        // is overloaded, not down. A local claim would not see a use Redis recorded, so the
+        // purchase waits.
+        Err(_) if state.store.heard_within(crate::clock::now().epoch_ms, down_after_ms(state)) => {
+            Err(unconfirmed("claim_unconfirmed"))
+        }
+        // Redis is down: HMAC and expiry still hold; the claim is kept on this replica (on disk
+        // with `fail_open.claims_file`) and written to the store when it answers again.
+        Err(_) => match state.claims.take_local(target, &id, held_until, now_s).await {
             LocalClaim::Taken => Ok(Passed {
                 target,
                 checked: true,
                 claim: Some(Claim::Local(target, id)),
             }),
             LocalClaim::AlreadyUsed => Err(used()),
-            LocalClaim::Full => Err(Denied {
-                error: ApiError::QueueUnavailable,
-                reason: "claims_full",
-            }),
+            LocalClaim::Refused => Err(unconfirmed("claims_full")),
         },
     }
+}
+
+/// How long the store must have sent nothing before a claim is taken without it: four command
+/// timeouts, and at least a second (a Redis that stopped answering, not a slow one).
+fn down_after_ms(state: &AppState) -> u64 {
+    crate::queue::millis(state.config.store.command_timeout)
+        .saturating_mul(4)
+        .max(1000)
 }
 
 /// How long after `queued_since` a token is still checked against the store: the time every

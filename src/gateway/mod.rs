@@ -125,10 +125,11 @@ impl Gateway {
     async fn release_claim(&self, ctx: &mut RequestCtx) {
         match ctx.claim.take() {
             Some(gate::Claim::Stored(target, id)) => {
+                self.state.claims.release(target, &id).await;
                 // A failure is counted by the guard; the claim then expires with the token.
                 let _ = self.state.store.release(target, &id).await;
             }
-            Some(gate::Claim::Local(target, id)) => self.state.claims.release(target, &id),
+            Some(gate::Claim::Local(target, id)) => self.state.claims.release(target, &id).await,
             None => {}
         }
     }

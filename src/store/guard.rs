@@ -146,6 +146,14 @@ impl StoreGuard {
         self.last_ok_ms.load(Ordering::Relaxed)
     }
 
+    /// Whether the store sent anything within `window_ms` before `now_ms`: an answer to any call,
+    /// or a late reply to one whose caller gave up. A store that answers late is slow (or this
+    /// replica is overloaded), not down.
+    pub fn heard_within(&self, now_ms: u64, window_ms: u64) -> bool {
+        let last = self.last_ok_ms().max(self.inner.last_reply_ms());
+        last > 0 && now_ms.saturating_sub(last) < window_ms
+    }
+
     /// One request-class `PING`: the background prober runs it so that a degraded replica finds
     /// out that the store is back without waiting for traffic, and a healthy one notices a hang.
     pub async fn probe(&self) -> Result<(), StoreError> {

@@ -295,4 +295,11 @@ pub trait QueueStore: Send + Sync + 'static {
 
     /// Rebuilds the connection (asked for by the breaker when probes keep timing out).
     async fn reconnect(&self) {}
+
+    /// When the store last sent any reply (epoch ms; 0: never or not tracked), late replies to
+    /// calls whose callers gave up included: a store that answers late is slow (or this replica
+    /// is overloaded), not down.
+    fn last_reply_ms(&self) -> u64 {
+        0
+    }
 }

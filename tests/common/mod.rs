@@ -12,6 +12,7 @@
 #![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod deploy;
+pub mod flood;
 pub mod http;
 pub mod load;
 pub mod nginx;
@@ -37,6 +38,23 @@ pub use vq_gateway::config::{
 };
 
 pub const TEST_SECRET: &str = "test-secret-0123456789abcdef-0123456789";
+
+/// Now, in epoch seconds.
+pub fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Mints a token straight from SPEC §6 with `ring` and `base64`, independent of the gateway code.
+pub fn token_for(secret: &str, payload: &str) -> String {
+    use base64::Engine as _;
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
+    let mac = ring::hmac::sign(&key, payload.as_bytes());
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    format!("{}.{}", b64.encode(payload), b64.encode(mac.as_ref()))
+}
 
 /// A port that was free a moment ago (bound to port 0, then released).
 pub fn free_port() -> u16 {

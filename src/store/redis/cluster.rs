@@ -10,7 +10,7 @@
 //! `{TYPE:ID}` hash tag, or a single global key), so a call never needs two nodes.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,8 @@ pub struct ClusterPipes {
     nodes: RwLock<HashMap<Arc<str>, Arc<Pipes>>>,
     last_refresh: Mutex<Option<Instant>>,
     refreshing: AtomicBool,
+    /// Shared by every node's connections (`Pipes::with_heard`).
+    heard: Arc<AtomicU64>,
 }
 
 /// Why a cluster call failed.
@@ -53,8 +55,9 @@ pub enum ClusterError {
 }
 
 impl ClusterPipes {
-    pub fn new(config: &fred::types::config::Config) -> ClusterPipes {
+    pub fn new(config: &fred::types::config::Config, heard: Arc<AtomicU64>) -> ClusterPipes {
         ClusterPipes {
+            heard,
             config: config.clone(),
             seeds: hosts(config),
             slots: RwLock::new(vec![None; SLOTS]),
@@ -78,7 +81,9 @@ impl ClusterPipes {
         self.nodes
             .write()
             .entry(addr.clone())
-            .or_insert_with(|| Arc::new(Pipes::new(addr.to_string(), &self.config)))
+            .or_insert_with(|| {
+                Arc::new(Pipes::new(addr.to_string(), &self.config).with_heard(self.heard.clone()))
+            })
             .clone()
     }
 

@@ -82,6 +82,8 @@ pub struct RedisStore {
     /// Tells this store's gathered calls from another store's on the same thread.
     id: u64,
     deployment: Deployment,
+    /// When any pipelined connection last read a reply (`Pipes::with_heard`).
+    heard: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Script calls: where they go and how they get there.
@@ -113,10 +115,17 @@ impl RedisStore {
         let mut config = parsed.config;
         // Keep trying when Redis is not there at start (the gateway fails open meanwhile).
         config.fail_fast = false;
+        let heard = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let route = match deployment {
-            Deployment::Single => Route::Direct(Pipes::for_config(&config)),
-            Deployment::Sentinel { .. } => Route::Primary(Pipes::new(String::new(), &config)),
-            Deployment::Cluster => Route::Cluster(Box::new(ClusterPipes::new(&config))),
+            Deployment::Single => {
+                Route::Direct(Pipes::for_config(&config).with_heard(heard.clone()))
+            }
+            Deployment::Sentinel { .. } => {
+                Route::Primary(Pipes::new(String::new(), &config).with_heard(heard.clone()))
+            }
+            Deployment::Cluster => {
+                Route::Cluster(Box::new(ClusterPipes::new(&config, heard.clone())))
+            }
         };
         // In a cluster every MOVED/ASK redirection costs fred one write attempt: allow a few,
         // so a slot migration is followed instead of failing the call.
@@ -162,6 +171,7 @@ impl RedisStore {
             caller,
             id: batch::store_id(),
             deployment,
+            heard,
         })
     }
 
@@ -782,6 +792,10 @@ impl QueueStore for RedisStore {
         Ok(reply
             .as_string()
             .and_then(|v| v.split_once('|').map(|(_, token)| token.to_string())))
+    }
+
+    fn last_reply_ms(&self) -> u64 {
+        self.heard.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     async fn register_instance(&self, r: Registering<'_>) -> Result<Instances, StoreError> {

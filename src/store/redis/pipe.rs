@@ -78,6 +78,10 @@ pub struct Pipes {
     /// For `rediss…` URLs: fred's rustls connector (the system's roots or `SSL_CERT_FILE`); the
     /// server's certificate must name the host.
     tls: Option<TlsConnector>,
+    /// When a reply last arrived on any connection of the store (epoch ms), shared with the
+    /// store: replies to calls whose callers gave up count too, so a Redis that answers late
+    /// (the gateway is overloaded) is told from one that answers nothing (down).
+    heard: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Pipes {
@@ -145,7 +149,14 @@ impl Pipes {
             connect_timeout: Duration::from_millis(500),
             generation: AtomicU64::new(0),
             tls,
+            heard: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Shares `heard` (see the field) with the store and its other connections.
+    pub fn with_heard(mut self, heard: Arc<AtomicU64>) -> Pipes {
+        self.heard = heard;
+        self
     }
 
     /// Every thread opens a new connection on its next call.
@@ -309,12 +320,12 @@ impl Pipes {
             Conn::Plain(tcp) => {
                 let (read, write) = tcp.into_split();
                 tokio::spawn(writer(write, calls_rx, order_tx));
-                tokio::spawn(reader(read, order_rx, broken.clone()));
+                tokio::spawn(reader(read, order_rx, broken.clone(), self.heard.clone()));
             }
             Conn::Tls(tls) => {
                 let (read, write) = tokio::io::split(*tls);
                 tokio::spawn(writer(write, calls_rx, order_tx));
-                tokio::spawn(reader(read, order_rx, broken.clone()));
+                tokio::spawn(reader(read, order_rx, broken.clone(), self.heard.clone()));
             }
         }
         Ok((calls_tx, broken))
@@ -391,6 +402,7 @@ async fn reader<R: AsyncRead + Unpin>(
     mut socket: R,
     mut order: mpsc::UnboundedReceiver<Slot>,
     broken: Arc<AtomicBool>,
+    heard: Arc<AtomicU64>,
 ) {
     let mut buf = BytesMut::with_capacity(16 * 1024);
     // The call whose reply comes next, while replies before its own are being dropped.
@@ -420,7 +432,9 @@ async fn reader<R: AsyncRead + Unpin>(
         }
         match socket.read_buf(&mut buf).await {
             Ok(0) => break "connection closed by redis".to_string(),
-            Ok(_) => {}
+            Ok(_) => {
+                heard.fetch_max(crate::clock::now().epoch_ms, Ordering::Relaxed);
+            }
             Err(e) => break e.to_string(),
         }
     };

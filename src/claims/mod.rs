@@ -1,0 +1,277 @@
+//! The single-use claims a replica remembers (SPEC §6): the ones it took in Redis, and the ones
+//! it took alone while Redis was down.
+//!
+//! - A claim Redis recorded is remembered too (while there is room): a second use of the token on
+//!   this replica is refused even while Redis is down or after it lost the claim, and a replica
+//!   that finds Redis came back empty writes every claim it remembers back (`requeue_all`).
+//! - A claim taken while Redis is down (not merely slow: the gate answers 503 then) is kept here,
+//!   appended to the replica's journal on disk before the request is forwarded (`journal.rs`,
+//!   `fail_open.claims_file`), and written to Redis once it answers; a replica restarted from the
+//!   same journal still refuses those tokens and still writes them back.
+//!
+//! So during an outage a token can reach the backend at most once per replica (the replica that
+//! took it before the outage included), and never again after Redis answers. Nothing here talks
+//! to Redis: the gate and the prober (`background.rs`) do.
+
+mod journal;
+
+use parking_lot::Mutex;
+use std::collections::HashMap;
+
+pub use journal::Journal;
+
+use crate::queue::QueueTarget;
+
+/// How many claims a replica remembers at most (each is one admitted user's token).
+pub const MAX_CLAIMS: usize = 200_000;
+
+/// One claim still to be written to the store: the sale, the token id, and until when it holds
+/// (epoch seconds).
+pub type PendingClaim = (QueueTarget, String, u64);
+
+#[derive(Debug, Default)]
+pub struct Claims {
+    inner: Mutex<Inner>,
+    journal: Option<Journal>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// (target, token id) → the claim.
+    table: HashMap<(QueueTarget, String), Entry>,
+    /// Claims not yet written to the store.
+    pending: Vec<PendingClaim>,
+    /// When expired claims were last purged (a full table is scanned at most once a second).
+    purged_at: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// Until when the claim holds (epoch seconds).
+    until: u64,
+    /// Taken while the store was down (journalled), as opposed to recorded by the store.
+    local: bool,
+}
+
+/// The outcome of a local claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalClaim {
+    Taken,
+    AlreadyUsed,
+    /// The table is full of unexpired local claims, or the journal could not be written: the
+    /// purchase waits rather than go unrecorded.
+    Refused,
+}
+
+impl Claims {
+    /// Claims kept in memory only (no `fail_open.claims_file`).
+    pub fn in_memory() -> Claims {
+        Claims::default()
+    }
+
+    /// Claims journalled to `journal`, starting with the unexpired claims it holds (taken before
+    /// a restart, still to be written to the store).
+    pub fn with_journal(journal: Journal, now_s: u64) -> Claims {
+        let loaded = journal.loaded(now_s);
+        let claims = Claims {
+            inner: Mutex::default(),
+            journal: Some(journal),
+        };
+        {
+            let mut c = claims.inner.lock();
+            for (target, id, until) in loaded {
+                c.table.insert((target, id.clone()), Entry { until, local: true });
+                c.pending.push((target, id, until));
+            }
+        }
+        claims
+    }
+
+    /// How many claims the journal held at start (for the start-up log).
+    pub fn pending_len(&self) -> usize {
+        self.inner.lock().pending.len()
+    }
+
+    /// Whether `id` was claimed through this replica and the claim still holds.
+    pub fn used_here(&self, target: QueueTarget, id: &str, now_s: u64) -> bool {
+        let c = self.inner.lock();
+        c.table
+            .get(&(target, id.to_string()))
+            .is_some_and(|e| e.until > now_s)
+    }
+
+    /// Remembers a claim the store recorded (best effort: skipped when the table is full).
+    pub fn remember_stored(&self, target: QueueTarget, id: &str, until: u64, now_s: u64) {
+        let mut c = self.inner.lock();
+        if c.make_room(now_s) {
+            c.table
+                .insert((target, id.to_string()), Entry { until, local: false });
+        }
+    }
+
+    /// Takes a claim without the store: refused if this replica used the token already; else
+    /// journalled (when there is a journal: before this returns) and kept until written back.
+    pub async fn take_local(
+        &self,
+        target: QueueTarget,
+        id: &str,
+        until: u64,
+        now_s: u64,
+    ) -> LocalClaim {
+        {
+            let mut c = self.inner.lock();
+            let key = (target, id.to_string());
+            if c.table.get(&key).is_some_and(|e| e.until > now_s) {
+                return LocalClaim::AlreadyUsed;
+            }
+            if !c.make_room(now_s) {
+                return LocalClaim::Refused;
+            }
+            c.table.insert(key, Entry { until, local: true });
+            c.pending.push((target, id.to_string(), until));
+        }
+        if let Some(journal) = &self.journal {
+            if let Err(e) = journal.append(journal::Line::Claim(target, id, until)).await {
+                tracing::error!(error = %e, "cannot write the claims journal; the purchase waits");
+                self.forget(target, id);
+                return LocalClaim::Refused;
+            }
+        }
+        LocalClaim::Taken
+    }
+
+    /// Gives a claim back (the backend did not process the request).
+    pub async fn release(&self, target: QueueTarget, id: &str) {
+        let was_local = self.forget(target, id);
+        if let (true, Some(journal)) = (was_local, &self.journal) {
+            // If this line is lost, the token stays refused on this replica: never the reverse.
+            if let Err(e) = journal.append(journal::Line::Release(target, id)).await {
+                tracing::warn!(error = %e, "cannot write a release to the claims journal");
+            }
+        }
+    }
+
+    /// Drops a claim; whether it was a local one.
+    fn forget(&self, target: QueueTarget, id: &str) -> bool {
+        let mut c = self.inner.lock();
+        let removed = c.table.remove(&(target, id.to_string()));
+        c.pending.retain(|(t, i, _)| !(*t == target && i == id));
+        removed.is_some_and(|e| e.local)
+    }
+
+    /// Takes the claims still to be written to the store (unexpired ones only).
+    pub fn take_pending(&self, now_s: u64) -> Vec<PendingClaim> {
+        let mut c = self.inner.lock();
+        let mut out = std::mem::take(&mut c.pending);
+        out.retain(|(_, _, until)| *until > now_s);
+        out
+    }
+
+    /// Puts back claims that could not be written yet; with none left, the journal is emptied
+    /// (every claim it held is in the store now).
+    pub async fn restore_pending(&self, claims: Vec<PendingClaim>) {
+        let empty = {
+            let mut c = self.inner.lock();
+            c.pending.extend(claims);
+            c.pending.is_empty()
+        };
+        if let (true, Some(journal)) = (empty, &self.journal) {
+            if let Err(e) = journal.truncate().await {
+                tracing::warn!(error = %e, "cannot empty the claims journal");
+            }
+        }
+    }
+
+    /// The store lost its data (it came back empty): every claim this replica remembers is to
+    /// be written to it again.
+    pub fn requeue_all(&self, now_s: u64) {
+        let mut c = self.inner.lock();
+        let all: Vec<PendingClaim> = c
+            .table
+            .iter()
+            .filter(|(_, e)| e.until > now_s)
+            .map(|((t, id), e)| (*t, id.clone(), e.until))
+            .collect();
+        c.pending = all;
+    }
+}
+
+impl Inner {
+    /// Whether one more claim fits, purging expired ones (at most once a second) when full.
+    /// Remembered store claims give way to local ones: the store holds them.
+    fn make_room(&mut self, now_s: u64) -> bool {
+        if self.table.len() < MAX_CLAIMS {
+            return true;
+        }
+        if self.purged_at < now_s {
+            self.purged_at = now_s;
+            self.table.retain(|_, e| e.until > now_s);
+            self.pending.retain(|(_, _, until)| *until > now_s);
+            if self.table.len() >= MAX_CLAIMS {
+                self.table.retain(|_, e| e.local);
+            }
+        }
+        self.table.len() < MAX_CLAIMS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::TargetType;
+
+    fn t(id: u64) -> QueueTarget {
+        QueueTarget::new(TargetType::LimitedDrop, id)
+    }
+
+    fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    #[test]
+    fn local_claims_are_single_use_and_pending_until_written() {
+        block_on(async {
+            let c = Claims::in_memory();
+            assert_eq!(c.take_local(t(1), "a", 100, 10).await, LocalClaim::Taken);
+            assert_eq!(c.take_local(t(1), "a", 100, 11).await, LocalClaim::AlreadyUsed);
+            assert_eq!(c.take_local(t(2), "a", 100, 11).await, LocalClaim::Taken);
+            c.release(t(2), "a").await;
+            assert!(!c.used_here(t(2), "a", 12));
+            assert_eq!(c.pending_len(), 1);
+            let p = c.take_pending(12);
+            assert_eq!(p, vec![(t(1), "a".to_string(), 100)]);
+            assert_eq!(c.pending_len(), 0);
+            c.restore_pending(p).await;
+            assert_eq!(c.pending_len(), 1);
+            assert!(c.take_pending(200).is_empty(), "expired claims are dropped");
+            assert_eq!(
+                c.take_local(t(1), "a", 300, 150).await,
+                LocalClaim::Taken,
+                "an expired claim no longer counts"
+            );
+        });
+    }
+
+    #[test]
+    fn stored_claims_are_remembered_and_written_back_after_a_loss() {
+        block_on(async {
+            let c = Claims::in_memory();
+            c.remember_stored(t(1), "a", 100, 10);
+            assert!(c.used_here(t(1), "a", 50));
+            assert_eq!(
+                c.take_local(t(1), "a", 100, 50).await,
+                LocalClaim::AlreadyUsed,
+                "spent here before the outage"
+            );
+            assert_eq!(c.pending_len(), 0);
+            c.requeue_all(50);
+            assert_eq!(c.take_pending(50), vec![(t(1), "a".to_string(), 100)]);
+            c.release(t(1), "a").await;
+            assert!(!c.used_here(t(1), "a", 50), "given back");
+        });
+    }
+}
