@@ -153,6 +153,7 @@ impl SettingsRefresher {
                     reported.0 = problems;
                 }
                 drop(reported);
+                self.state.metrics.flag_known.set(1);
                 if self.state.flag.snapshot().as_ref() != Some(&next) {
                     tracing::info!(
                         enabled = next.enabled,

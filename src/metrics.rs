@@ -76,6 +76,9 @@ pub struct Metrics {
     /// `targets`) found missing or older than this replica had read them (`settings.rs`): Redis
     /// restarted empty, failed over to a replica that missed writes, or was flushed.
     pub data_loss: IntCounterVec,
+    /// `virtual_queue_flag_known`: 1 once this replica knows the run-time flag (read from Redis,
+    /// or the file's with the memory store); 0 while it is unknown and everyone queues.
+    pub flag_known: IntGauge,
     /// `virtual_queue_registered_invalid_members`: members of `queue:targets` that are not
     /// canonical `TYPE:ID` (`registry.rs`).
     pub registered_invalid: IntGauge,
@@ -215,6 +218,11 @@ impl Metrics {
             "virtual_queue_registered_invalid_members",
             "Members of queue:targets that are not canonical TYPE:ID",
         )?;
+        let flag_known = IntGauge::new(
+            "virtual_queue_flag_known",
+            "Whether this replica knows the run-time flag (1), or not yet (0: everyone queues)",
+        )?;
+        registry.register(Box::new(flag_known.clone()))?;
         registry.register(Box::new(data_loss.clone()))?;
         registry.register(Box::new(registered_invalid.clone()))?;
         registry.register(Box::new(connections.clone()))?;
@@ -257,6 +265,7 @@ impl Metrics {
             connections,
             refused_connections,
             data_loss,
+            flag_known,
             registered_invalid,
             targets: Default::default(),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),

@@ -189,6 +189,7 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     );
     if memory {
         state.registry.mark_loaded();
+        state.metrics.flag_known.set(1);
     }
 
     let app = pingora::proxy::http_proxy(&server.configuration, Gateway::new(state.clone()));

@@ -5,9 +5,7 @@
 
 mod common;
 
-use base64::Engine as _;
 use common::*;
-use ring::hmac;
 
 const ORDERS: &str = "/limited-drops/42/orders";
 const OLD_SECRET: &str = "old-secret-abcdefghijklmnopqrstuvwxyz-0123";

@@ -205,10 +205,10 @@ fn worker(cfg: &LoadConfig, thread: u64, stop: &AtomicBool) -> Vec<Event> {
                 // A replica that is down refuses at once; do not spin on it.
                 std::thread::sleep(Duration::from_millis(2));
             }
-            Ok(resp) if op == Op::Purchase => {
-                let _ = resp;
-                done = true;
-            }
+            // Told to come back (the store's claim could not be confirmed): the user keeps the
+            // token and tries again, as a client following `Retry-After` does.
+            Ok(resp) if op == Op::Purchase && resp.status == 503 => {}
+            Ok(_) if op == Op::Purchase => done = true,
             Ok(resp) if resp.status == 200 => {
                 let v = resp.json();
                 match v["status"].as_str() {
@@ -345,14 +345,20 @@ pub fn assert_kept(
     let Budget { tick_ms, batch } = budget;
     let total = events.len();
     let by_status = |s: u16| events.iter().filter(|e| e.status == s).count();
-    let five_xx = events.iter().filter(|e| e.status >= 500).count();
+    // A purchase answered 503 (`Retry-After`: the single-use claim could not be confirmed in
+    // the first second of an outage) is tried again by its user; every other 5xx is a failure.
+    let retried = events
+        .iter()
+        .filter(|e| e.op == Op::Purchase && e.status == 503)
+        .count();
+    let five_xx = events.iter().filter(|e| e.status >= 500).count() - retried;
     assert_eq!(five_xx, 0, "{what}: 5xx answers among {total}");
     assert_eq!(by_status(0), 0, "{what}: failed connections");
     let lost = events.iter().filter(|e| e.lost).count();
     assert_eq!(lost, 0, "{what}: users who held a position were lost");
     let refused = events
         .iter()
-        .filter(|e| e.op == Op::Purchase && e.status != 200)
+        .filter(|e| e.op == Op::Purchase && !matches!(e.status, 200 | 503))
         .count();
     assert_eq!(refused, 0, "{what}: purchases with a valid token refused");
     let windows = max_per_window(purchases, tick_ms, 20);
@@ -365,7 +371,7 @@ pub fn assert_kept(
         );
     }
     eprintln!(
-        "{what}: {total} answers, {} purchases at the backend, max per 1/2/4/20 ticks {:?} (budget {batch} per tick)",
+        "{what}: {total} answers, {} purchases at the backend ({retried} told to come back), max per 1/2/4/20 ticks {:?} (budget {batch} per tick)",
         purchases.len(),
         [windows[0], windows[1], windows[3], windows[19]],
     );

@@ -265,6 +265,19 @@ impl GatewayProc {
     }
 
     /// Everything the process logged so far.
+    /// Waits until the replica knows the run-time flag (on an empty Redis a replica waits a few
+    /// seconds for others to write it back before creating it: `settings.rs`).
+    pub fn wait_flag_known(&self) {
+        assert!(
+            wait_until(Duration::from_secs(8), || self
+                .metrics()
+                .lines()
+                .any(|l| l == "virtual_queue_flag_known 1")),
+            "the flag never became known\n{}",
+            self.log()
+        );
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.0.join("gateway.log")).unwrap_or_default()
     }
