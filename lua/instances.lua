@@ -12,13 +12,21 @@
 -- than the smaller of what it asked for and what it held: an instance that lost the answer to
 -- a registration paces with the smaller of the two, which is then never more than is recorded).
 --
+-- The registry also carries each instance's heartbeat credit: how long its users could not
+-- heartbeat through it (a store outage, or polls it refused for saturation). Every pump's sweep
+-- credits the largest one the live instances report, so a replica that sheds polls never gets
+-- its users evicted by another replica's pump.
+--
 -- KEYS[1] queue:instances  ZSET "<instance id>|<share>" -> last seen (ms); a key of its own
 --         (own slot). A member without "|" was written by a gateway that records no share.
+-- KEYS[2] {queue:instances}:credit  HASH instance id -> "<credit ms>:<reported at ms>" (same slot)
 -- ARGV[1] instance id (no "|"), ARGV[2] live window (ms), ARGV[3] recent window (ms),
--- ARGV[4] "register" | "leave", ARGV[5] the share asked for, ARGV[6] the batch size
+-- ARGV[4] "register" | "leave", ARGV[5] the share asked for, ARGV[6] the batch size,
+-- ARGV[7] this instance's heartbeat credit (ms)
 -- Reply: {live instances, recent instances (this one included when registering),
 --         sum of the shares recorded by recent instances that are not live,
---         how many of those recorded none, the share recorded for this instance}
+--         how many of those recorded none, the share recorded for this instance,
+--         the largest credit reported within the live window}
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -68,5 +76,23 @@ for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - li
     unrecorded = unrecorded + 1
   end
 end
+local credit = math.max(0, math.floor(tonumber(ARGV[7]) or 0))
+if credit > 0 and ARGV[4] ~= 'leave' then
+  redis.call('HSET', KEYS[2], id, credit .. ':' .. now)
+else
+  redis.call('HDEL', KEYS[2], id)
+end
+local largest = 0
+local entries = redis.call('HGETALL', KEYS[2])
+for i = 1, #entries, 2 do
+  local c, at = string.match(entries[i + 1], '^(%d+):(%d+)$')
+  if c and tonumber(at) >= now - live_window then
+    largest = math.max(largest, tonumber(c))
+  else
+    redis.call('HDEL', KEYS[2], entries[i])
+  end
+end
+redis.call('PEXPIRE', KEYS[2], recent_window * 2)
+
 return {redis.call('ZCOUNT', KEYS[1], now - live_window, '+inf'), redis.call('ZCARD', KEYS[1]),
-        reserved, unrecorded, recorded}
+        reserved, unrecorded, recorded, largest}

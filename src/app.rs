@@ -6,8 +6,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::config::Config;
 use crate::claims::Claims;
+use crate::config::Config;
 use crate::failopen::Pacer;
 use crate::flag::Flag;
 use crate::metrics::Metrics;

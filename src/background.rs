@@ -71,7 +71,10 @@ impl SettingsRefresher {
     async fn refresh(&self, kind: DocKind) {
         let store = &self.state.store;
         // A failure is counted by the guard; the last known document stays.
-        let Ok(reading) = store.background("settings", self.store.read_doc(kind)).await else {
+        let Ok(reading) = store
+            .background("settings", self.store.read_doc(kind))
+            .await
+        else {
             return;
         };
         let now_ms = crate::clock::now().epoch_ms;
@@ -117,7 +120,8 @@ impl SettingsRefresher {
                 }
             }
             Step::Bootstrap => {
-                if let Ok((status, version)) = write("bootstrap", 0, self.first_content(kind)).await {
+                if let Ok((status, version)) = write("bootstrap", 0, self.first_content(kind)).await
+                {
                     tracing::info!(state = kind.as_str(), status = %status, version, "run-time settings created from the configuration file");
                 }
             }

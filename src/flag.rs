@@ -294,10 +294,7 @@ mod tests {
         assert!(!f.queue_on(t, 7));
         assert_eq!(f.gate_view(t, 7), GateView::Off);
         f.set(FlagState::new(true, 100));
-        assert_eq!(
-            f.gate_view(t, 7),
-            GateView::On { queued_since: None }
-        );
+        assert_eq!(f.gate_view(t, 7), GateView::On { queued_since: None });
     }
 
     #[test]

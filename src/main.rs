@@ -145,7 +145,9 @@ fn report(result: Result<String, OpsError>) -> ExitCode {
             eprintln!("vq-gateway: {e}");
             let code = match e {
                 OpsError::NotRedis | OpsError::Usage(_) => EXIT_CONFIG,
-                OpsError::Unreachable(..) | OpsError::Store(_) | OpsError::Missing(..) => EXIT_START,
+                OpsError::Unreachable(..) | OpsError::Store(_) | OpsError::Missing(..) => {
+                    EXIT_START
+                }
             };
             ExitCode::from(code)
         }

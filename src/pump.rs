@@ -66,6 +66,9 @@ pub struct Pump {
     /// Targets this instance found with an empty queue at its last visit: empty twice in a row,
     /// a target is retired from the active set (it stops counting against the cap).
     empty: parking_lot::Mutex<BTreeSet<QueueTarget>>,
+    /// The largest heartbeat credit the live instances reported at the last registration
+    /// (`Instances::credit_ms`).
+    registry_credit_ms: std::sync::atomic::AtomicU64,
 }
 
 /// One registry reading: the batch an advance may admit, and when the registration that read it
@@ -100,6 +103,7 @@ impl Pump {
             instance: instance_id(),
             held: Default::default(),
             empty: Default::default(),
+            registry_credit_ms: Default::default(),
         }
     }
 
@@ -215,6 +219,8 @@ impl Pump {
         // share smaller (fewer admissions), never larger.
         self.pacer
             .registered(n.recorded, sent_ms, n.recent.max(n.live));
+        self.registry_credit_ms
+            .store(n.credit_ms, std::sync::atomic::Ordering::Relaxed);
         self.metrics.replicas.set(i64::from(n.live));
         // An instance of a version that records no share paces ⌈batch / replicas⌉.
         let unrecorded = n.unrecorded.saturating_mul(batch.div_ceil(n.recent.max(1)));
@@ -226,7 +232,11 @@ impl Pump {
 
     fn registering(&self, share: u32, leave: bool) -> Registering<'_> {
         let c = self.pacer.config();
+        let timeout = millis(self.cfg.heartbeat_timeout);
         Registering {
+            credit_ms: self
+                .store
+                .outage_credit_ms(self.clock.now().epoch_ms, timeout),
             instance: &self.instance,
             share,
             batch: self.cfg.batch_size.get(),
@@ -331,10 +341,15 @@ impl Pump {
     }
 
     /// Heartbeats at or before this are stale. Users could not heartbeat while the store was
-    /// down, so an outage that ended less than a heartbeat timeout ago is not held against them.
+    /// down, nor while a replica refused their polls for saturation, so an outage or shedding
+    /// episode (this replica's, or the largest any live replica reported) that ended less than a
+    /// heartbeat timeout ago is not held against them.
     fn sweep_cutoff(&self, now_ms: u64) -> u64 {
         let timeout = millis(self.cfg.heartbeat_timeout);
-        let credit = self.store.outage_credit_ms(now_ms, timeout);
+        let credit = self.store.outage_credit_ms(now_ms, timeout).max(
+            self.registry_credit_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
         now_ms.saturating_sub(timeout).saturating_sub(credit)
     }
 

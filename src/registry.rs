@@ -174,7 +174,10 @@ mod tests {
         ]);
         assert_eq!(bad.len(), 5, "every one is reported");
         for id in 83..=86 {
-            assert!(r.allows(t(id)), "{id}: a near miss still registers its sale");
+            assert!(
+                r.allows(t(id)),
+                "{id}: a near miss still registers its sale"
+            );
         }
         r.set_dynamic(&[]);
         assert!(!r.allows(t(2)), "removed at run time");

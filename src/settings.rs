@@ -234,7 +234,10 @@ mod tests {
     fn a_document_without_a_version_is_used_at_once_and_stamped() {
         let mut t = Tracker::default();
         let step = t.observe(reading(&[("enabled", "on")], None), 0);
-        assert!(matches!(step, Step::Stamp(ref d) if d.version == 0), "{step:?}");
+        assert!(
+            matches!(step, Step::Stamp(ref d) if d.version == 0),
+            "{step:?}"
+        );
         assert!(matches!(
             t.observe(reading(&[("enabled", "on")], Some(1)), 1000),
             Step::Adopt(_)

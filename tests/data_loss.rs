@@ -118,12 +118,7 @@ fn redis_restarted_empty_mid_sale_keeps_the_queue_on_and_writes_the_state_back()
             wait_until(Duration::from_secs(4), || {
                 let r = gw
                     .client()
-                    .request(
-                        "POST",
-                        &purchase_path(42),
-                        &[("X-User-Id", "17")],
-                        b"{}",
-                    )
+                    .request("POST", &purchase_path(42), &[("X-User-Id", "17")], b"{}")
                     .unwrap();
                 r.status == 403
             }),
@@ -144,7 +139,11 @@ fn redis_restarted_empty_mid_sale_keeps_the_queue_on_and_writes_the_state_back()
     redis.restart();
     // The replicas notice the loss at their next read (every second) and write the state back.
     let restored = wait_until(Duration::from_secs(5), || {
-        redis.cmd(&["HGET", "queue:flag", "enabled"]).as_str().as_deref() == Some("on")
+        redis
+            .cmd(&["HGET", "queue:flag", "enabled"])
+            .as_str()
+            .as_deref()
+            == Some("on")
             && redis
                 .cmd(&["SISMEMBER", "queue:targets", "LIMITED_DROP:42"])
                 .as_int()
@@ -176,7 +175,10 @@ fn redis_restarted_empty_mid_sale_keeps_the_queue_on_and_writes_the_state_back()
         .iter()
         .filter(|e| e.start_ms > back + 1000 && e.direct && !e.degraded)
         .count();
-    assert_eq!(direct_after, 0, "users let straight through after the restart");
+    assert_eq!(
+        direct_after, 0,
+        "users let straight through after the restart"
+    );
     let waiting_after = events
         .iter()
         .filter(|e| e.start_ms > back + 1000 && e.status == 200 && !e.direct)
@@ -198,7 +200,10 @@ fn redis_restarted_empty_mid_sale_keeps_the_queue_on_and_writes_the_state_back()
         // Each replica paces its own share while Redis is down, and the empty Redis starts a
         // new queue whose first batch comes on top: two extra batches.
         let bound = (n + 3 + lag) * BATCH;
-        assert!(*max as u64 <= bound, "{max} purchases in {n} ticks, bound {bound}: {windows:?}");
+        assert!(
+            *max as u64 <= bound,
+            "{max} purchases in {n} ticks, bound {bound}: {windows:?}"
+        );
     }
 
     // The loss was counted (the alert's series), by whichever replica noticed it before another
@@ -215,8 +220,13 @@ fn redis_restarted_empty_mid_sale_keeps_the_queue_on_and_writes_the_state_back()
     };
     assert!(counted("flag") >= 1);
     assert!(counted("targets") >= 1);
-    let versioned = redis.cmd(&["HGET", "{queue:flag}:meta", "version"]).as_str();
-    assert!(versioned.is_some_and(|v| v != "1"), "the operator's version came back");
+    let versioned = redis
+        .cmd(&["HGET", "{queue:flag}:meta", "version"])
+        .as_str();
+    assert!(
+        versioned.is_some_and(|v| v != "1"),
+        "the operator's version came back"
+    );
     eprintln!(
         "restarted empty: state written back {restored_ms} ms after the restart; {sent} tokenless purchases, 0 through; {} purchases at the backend, max per 1/2/4 ticks {:?}",
         purchases.len(),
@@ -328,11 +338,131 @@ fn spent_tokens_replayed_under_overload_never_reach_the_backend() {
     );
     assert_eq!(bought(), 600, "a spent token reached the backend again");
     assert!(statuses.values().sum::<u64>() >= 500, "{statuses:?}");
-    assert!(statuses.keys().all(|s| matches!(s, 403 | 503 | 0)), "{statuses:?}");
+    assert!(
+        statuses.keys().all(|s| matches!(s, 403 | 503 | 0)),
+        "{statuses:?}"
+    );
     // The overload was real: claim calls timed out while Redis answered (each would have been a
     // local claim, and a spent token at the backend, before).
     assert!(
         series("virtual_queue_bypass_attempts_total{reason=\"claim_unconfirmed\",route=\"/limited-drops/{id}/orders\"}") > 0,
         "no claim call timed out: the flood did not overload the replica"
+    );
+}
+
+/// Shedding is not silence: a replica that refuses polls for saturation (its in-flight limit)
+/// tells the registry for how long its users could not heartbeat, and no pump evicts them for it,
+/// even when another replica leads the sweep.
+#[test]
+fn polls_refused_for_saturation_never_evict_the_users_who_sent_them() {
+    let _serial = serial();
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    // The flooded replica reaches Redis through a relay that delays every reply by 40 ms: each
+    // call holds one of its two in-flight permits that long, so it refuses most polls.
+    let relay = common::relay::Relay::start(format!("127.0.0.1:{}", redis.port).parse().unwrap());
+    let config = |max_in_flight: u64, url: String| {
+        let mut cfg = test_config(up.addr);
+        cfg.store.backend = StoreKind::Redis;
+        cfg.store.redis_url = url;
+        cfg.queue.tick_ms = 500;
+        cfg.queue.batch_size = 1;
+        cfg.queue.heartbeat_timeout_s = 2;
+        cfg.store.max_in_flight = max_in_flight;
+        cfg
+    };
+    // The leader sweeps; the flooded replica takes the users' polls and sheds most of them.
+    let leader = GatewayProc::start(config(256, redis.url()));
+    let flooded = GatewayProc::start(config(2, relay.url()));
+    for gw in [&leader, &flooded] {
+        assert!(wait_until(Duration::from_secs(5), || gw
+            .metrics()
+            .contains("virtual_queue_replicas 2")));
+    }
+    // 200 users ahead keep the tracked ones waiting (they poll through the leader).
+    let mut c = leader.client();
+    let enter = |c: &mut Client, user: u64| {
+        let r = c
+            .request(
+                "POST",
+                "/virtual-queues/limited-drop/42/entries",
+                &[("X-User-Id", &user.to_string())],
+                b"",
+            )
+            .unwrap();
+        assert_eq!(r.json()["status"], "WAITING");
+    };
+    for user in 1..=200 {
+        enter(&mut c, user);
+    }
+    let ahead = std::thread::spawn({
+        let addr = leader.listen;
+        move || {
+            let mut c = Client::connect(addr);
+            let until = std::time::Instant::now() + Duration::from_secs(11);
+            while std::time::Instant::now() < until {
+                for user in 1..=200u64 {
+                    let _ = c.get(
+                        "/virtual-queues/limited-drop/42/entries/me",
+                        &[("X-User-Id", &user.to_string())],
+                    );
+                }
+            }
+        }
+    });
+    for user in 1001..=1020 {
+        enter(&mut c, user);
+    }
+    relay.slow(40);
+    let flood = common::flood::Flood::start(flooded.listen, 128, |i, _| {
+        format!(
+            "GET /virtual-queues/limited-drop/42/entries/me HTTP/1.1\r\nHost: t\r\nX-User-Id: {}\r\n\r\n",
+            5_000_000 + i
+        )
+    });
+    // The tracked users poll every 900 ms (twice per heartbeat timeout) through the flooded
+    // replica only, for 8 s.
+    let mut c = flooded.client();
+    let mut lost = Vec::new();
+    let mut shed_answers = 0;
+    let until = std::time::Instant::now() + Duration::from_secs(8);
+    while std::time::Instant::now() < until {
+        for user in 1001..=1020u64 {
+            let r = c
+                .get(
+                    "/virtual-queues/limited-drop/42/entries/me",
+                    &[("X-User-Id", &user.to_string())],
+                )
+                .unwrap();
+            if r.status == 404 {
+                lost.push(user);
+            } else if r.json()["degraded"] == true {
+                shed_answers += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(900));
+    }
+    flood.stop();
+    relay.slow(0);
+    ahead.join().unwrap();
+    let refused = metric(
+        &flooded.metrics(),
+        "virtual_queue_store_refused_total{op=\"poll\",reason=\"saturated\"}",
+    );
+    let evicted = metric(
+        &leader.metrics(),
+        "virtual_queue_evicted_total{target=\"LIMITED_DROP:42\"}",
+    );
+    eprintln!(
+        "shedding: {refused} polls refused for saturation on the flooded replica ({shed_answers} of the tracked users'); {evicted} evicted by the leader; tracked users lost: {lost:?}"
+    );
+    let polls = 20 * 8_000 / 900;
+    assert!(
+        shed_answers * 2 > polls,
+        "the tracked users' polls were hardly shed: {shed_answers} of about {polls}"
+    );
+    assert!(
+        lost.is_empty(),
+        "users evicted while their polls were shed: {lost:?}"
     );
 }

@@ -120,7 +120,11 @@ fn open_mode_redis_killed_mid_run_no_5xx_fast_answers_gate_still_holds() {
     // entry; a second use on the same replica is refused.
     for (user, token) in &tokens {
         assert_eq!(buy_while_down(&gw, *user, token), 200);
-        assert_eq!(buy_while_down(&gw, *user, token), 403, "spent on this replica");
+        assert_eq!(
+            buy_while_down(&gw, *user, token),
+            403,
+            "spent on this replica"
+        );
     }
     let r = c
         .request(
@@ -296,7 +300,13 @@ fn closed_mode_refuses_while_redis_is_down_and_the_gate_still_verifies() {
             b"{}",
         )
         .unwrap();
-    assert_eq!(r.status, 403, "{}\n{}", String::from_utf8_lossy(&r.body), gw.log());
+    assert_eq!(
+        r.status,
+        403,
+        "{}\n{}",
+        String::from_utf8_lossy(&r.body),
+        gw.log()
+    );
     assert_eq!(up.count(), 0);
     assert!(gw
         .metrics()

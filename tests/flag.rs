@@ -87,7 +87,10 @@ fn toml_default_decides_without_redis_overrides() {
     assert_eq!(status_of(&mut off[0].client(), Q, 1), "DIRECT_ADMITTED");
     // The file's values were written into Redis with a version: every replica reads the same.
     assert_eq!(
-        redis2.cmd(&["HGET", "queue:flag", "enabled"]).as_str().as_deref(),
+        redis2
+            .cmd(&["HGET", "queue:flag", "enabled"])
+            .as_str()
+            .as_deref(),
         Some("off")
     );
     assert_eq!(

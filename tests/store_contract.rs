@@ -1155,7 +1155,32 @@ fn registering(instance: &str, share: u32, leave: bool) -> Registering<'_> {
         live_window: Duration::from_millis(300),
         recent_window: Duration::from_secs(3),
         leave,
+        credit_ms: 0,
     }
+}
+
+/// The heartbeat credit travels through the registry: every registration answers the largest
+/// credit a live instance reported, and an instance that leaves or reports none withdraws it.
+async fn the_registry_carries_the_largest_heartbeat_credit(s: &dyn QueueStore) {
+    let reg = |i: &'static str, credit_ms: u64| async move {
+        let r = Registering {
+            credit_ms,
+            ..registering(i, 1, false)
+        };
+        s.register_instance(r).await.unwrap().credit_ms
+    };
+    assert_eq!(reg("a", 0).await, 0);
+    assert_eq!(reg("b", 4_000).await, 4_000);
+    assert_eq!(
+        reg("a", 1_000).await,
+        4_000,
+        "b's shedding counts for a's sweep"
+    );
+    assert_eq!(reg("b", 0).await, 1_000);
+    s.register_instance(registering("a", 0, true))
+        .await
+        .unwrap();
+    assert_eq!(reg("b", 0).await, 0);
 }
 
 /// The instance registry (`instances.lua`): each instance's latest share is recorded once, the
@@ -1233,6 +1258,10 @@ async fn the_registry_on_redis() {
     let redis = RedisServer::start();
     let s = connected_redis(&redis).await;
     the_registry_reserves_the_shares_of_silent_instances(s.as_ref()).await;
+    let fresh = RedisServer::start();
+    let s = connected_redis(&fresh).await;
+    the_registry_carries_the_largest_heartbeat_credit(s.as_ref()).await;
+    assert!(fresh.cmd(&["PTTL", "{queue:instances}:credit"]).as_int() != -1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1240,6 +1269,16 @@ async fn the_registry_on_a_cluster() {
     let cluster = RedisCluster::start();
     let s = connected_cluster(&cluster).await;
     the_registry_reserves_the_shares_of_silent_instances(s.as_ref()).await;
+    s.register_instance(registering("a", 0, true))
+        .await
+        .unwrap();
+    s.register_instance(registering("b", 0, true))
+        .await
+        .unwrap();
+    s.register_instance(registering("c", 0, true))
+        .await
+        .unwrap();
+    the_registry_carries_the_largest_heartbeat_credit(s.as_ref()).await;
 }
 
 /// The first admission of a sequence creates the list of waits: it expires with the target's

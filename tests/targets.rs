@@ -140,7 +140,8 @@ fn only_registered_sales_have_a_queue() {
     assert_eq!(enter(&gw, 1, 7).status, 200);
     // On an empty Redis the set of registered sales is unknown (503) until a replica has waited
     // for others to write it back and created it (`settings.rs`).
-    assert!(wait_until(Duration::from_secs(8), || enter(&gw, 2, 7).status
+    assert!(wait_until(Duration::from_secs(8), || enter(&gw, 2, 7)
+        .status
         != 503));
     let r = enter(&gw, 2, 7);
     assert_eq!(r.status, 404);

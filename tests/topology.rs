@@ -100,6 +100,11 @@ fn a_sale_through_nginx_and_three_gateways_survives_a_kill_a_rolling_restart_and
         .collect();
     let addrs: Vec<SocketAddr> = gws.iter().map(|g| g.listen).collect();
     let lb = Nginx::start(&addrs, auth.addr);
+    // A new deployment on an empty Redis: the replicas wait for a write-back that does not come,
+    // then create the flag from their file; the sale starts once they know it.
+    for gw in &gws {
+        gw.wait_flag_known();
+    }
 
     let out = TempDir::new("sim");
     let url = format!("http://{}", lb.addr);

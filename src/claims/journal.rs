@@ -67,7 +67,9 @@ impl Journal {
         };
         let file = self.file.clone();
         blocking(move || {
-            let mut f = file.lock().map_err(|_| std::io::Error::other("journal lock"))?;
+            let mut f = file
+                .lock()
+                .map_err(|_| std::io::Error::other("journal lock"))?;
             f.write_all(text.as_bytes())?;
             f.sync_data()
         })
@@ -78,7 +80,9 @@ impl Journal {
     pub async fn truncate(&self) -> std::io::Result<()> {
         let file = self.file.clone();
         blocking(move || {
-            let f = file.lock().map_err(|_| std::io::Error::other("journal lock"))?;
+            let f = file
+                .lock()
+                .map_err(|_| std::io::Error::other("journal lock"))?;
             f.set_len(0)?;
             f.sync_data()
         })
@@ -86,9 +90,7 @@ impl Journal {
     }
 }
 
-async fn blocking(
-    f: impl FnOnce() -> std::io::Result<()> + Send + 'static,
-) -> std::io::Result<()> {
+async fn blocking(f: impl FnOnce() -> std::io::Result<()> + Send + 'static) -> std::io::Result<()> {
     tokio::task::spawn_blocking(f)
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))

@@ -80,7 +80,8 @@ impl Claims {
         {
             let mut c = claims.inner.lock();
             for (target, id, until) in loaded {
-                c.table.insert((target, id.clone()), Entry { until, local: true });
+                c.table
+                    .insert((target, id.clone()), Entry { until, local: true });
                 c.pending.push((target, id, until));
             }
         }
@@ -104,8 +105,13 @@ impl Claims {
     pub fn remember_stored(&self, target: QueueTarget, id: &str, until: u64, now_s: u64) {
         let mut c = self.inner.lock();
         if c.make_room(now_s) {
-            c.table
-                .insert((target, id.to_string()), Entry { until, local: false });
+            c.table.insert(
+                (target, id.to_string()),
+                Entry {
+                    until,
+                    local: false,
+                },
+            );
         }
     }
 
@@ -131,7 +137,10 @@ impl Claims {
             c.pending.push((target, id.to_string(), until));
         }
         if let Some(journal) = &self.journal {
-            if let Err(e) = journal.append(journal::Line::Claim(target, id, until)).await {
+            if let Err(e) = journal
+                .append(journal::Line::Claim(target, id, until))
+                .await
+            {
                 tracing::error!(error = %e, "cannot write the claims journal; the purchase waits");
                 self.forget(target, id);
                 return LocalClaim::Refused;
@@ -237,7 +246,10 @@ mod tests {
         block_on(async {
             let c = Claims::in_memory();
             assert_eq!(c.take_local(t(1), "a", 100, 10).await, LocalClaim::Taken);
-            assert_eq!(c.take_local(t(1), "a", 100, 11).await, LocalClaim::AlreadyUsed);
+            assert_eq!(
+                c.take_local(t(1), "a", 100, 11).await,
+                LocalClaim::AlreadyUsed
+            );
             assert_eq!(c.take_local(t(2), "a", 100, 11).await, LocalClaim::Taken);
             c.release(t(2), "a").await;
             assert!(!c.used_here(t(2), "a", 12));

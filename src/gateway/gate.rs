@@ -9,8 +9,8 @@ use http::{HeaderName, Method};
 
 use super::hygiene::HeaderFacts;
 use super::AppState;
-use crate::error::ApiError;
 use crate::claims::LocalClaim;
+use crate::error::ApiError;
 use crate::flag::GateView;
 use crate::identity::IdentityError;
 use crate::queue::QueueTarget;
@@ -201,12 +201,20 @@ pub async fn check(
         // Redis answered something lately (late replies included): it is slow, or this replica
         // is overloaded, not down. A local claim would not see a use Redis recorded, so the
         // purchase waits.
-        Err(_) if state.store.heard_within(crate::clock::now().epoch_ms, down_after_ms(state)) => {
+        Err(_)
+            if state
+                .store
+                .heard_within(crate::clock::now().epoch_ms, down_after_ms(state)) =>
+        {
             Err(unconfirmed("claim_unconfirmed"))
         }
         // Redis is down: HMAC and expiry still hold; the claim is kept on this replica (on disk
         // with `fail_open.claims_file`) and written to the store when it answers again.
-        Err(_) => match state.claims.take_local(target, &id, held_until, now_s).await {
+        Err(_) => match state
+            .claims
+            .take_local(target, &id, held_until, now_s)
+            .await
+        {
             LocalClaim::Taken => Ok(Passed {
                 target,
                 checked: true,

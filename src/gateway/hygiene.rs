@@ -247,15 +247,13 @@ fn decode_query_name(name: &[u8]) -> String {
     while i < name.len() {
         match name[i] {
             b'+' => out.push(b' '),
-            b'%' if i + 2 < name.len() => {
-                match (hex(name[i + 1]), hex(name[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push(h << 4 | l);
-                        i += 2;
-                    }
-                    _ => out.push(b'%'),
+            b'%' if i + 2 < name.len() => match (hex(name[i + 1]), hex(name[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h << 4 | l);
+                    i += 2;
                 }
-            }
+                _ => out.push(b'%'),
+            },
             b => out.push(b),
         }
         i += 1;
@@ -475,7 +473,15 @@ mod tests {
         ] {
             assert!(method_override_query(q.as_bytes()), "{q}");
         }
-        for q in ["", "method=POST", "_methods=1", "a=_method", "x=%5", "_method_=1", "%"] {
+        for q in [
+            "",
+            "method=POST",
+            "_methods=1",
+            "a=_method",
+            "x=%5",
+            "_method_=1",
+            "%",
+        ] {
             assert!(!method_override_query(q.as_bytes()), "{q}");
         }
     }

@@ -332,5 +332,4 @@ mod tests {
             assert!(!l(p), "{p}");
         }
     }
-
 }

@@ -47,6 +47,9 @@ const STATS_IN_FLIGHT: usize = 4;
 /// polls never turns a purchase into a local claim while Redis answers.
 const GATE_IN_FLIGHT: usize = 128;
 
+/// Refusals for saturation less than this apart belong to one shedding episode.
+const SHED_EPISODE_GAP_MS: u64 = 1000;
+
 /// At most one "shedding" warning per this period.
 const SHED_LOG_EVERY_MS: u64 = 10_000;
 
@@ -81,6 +84,9 @@ pub struct StoreGuard {
     /// The last outage of the request path: (start, end) in epoch ms.
     last_outage: parking_lot::Mutex<Option<(u64, u64)>>,
     last_ok_ms: AtomicU64,
+    /// The last episode of request-path calls refused for saturation: (start, last) in epoch ms.
+    /// Users whose polls were refused could not heartbeat, as in an outage.
+    shedding: parking_lot::Mutex<Option<(u64, u64)>>,
     last_shed_log_ms: AtomicU64,
     reconnecting: Arc<AtomicBool>,
 }
@@ -119,6 +125,7 @@ impl StoreGuard {
             down_since: parking_lot::Mutex::new(None),
             last_outage: parking_lot::Mutex::new(None),
             last_ok_ms: AtomicU64::new(0),
+            shedding: parking_lot::Mutex::new(None),
             last_shed_log_ms: AtomicU64::new(0),
             reconnecting: Arc::new(AtomicBool::new(false)),
         }
@@ -160,20 +167,32 @@ impl StoreGuard {
         self.run(Class::Request, "probe", self.inner.probe()).await
     }
 
-    /// How long users could not heartbeat, for a sweep at `now_ms`: the outage in progress, or
-    /// the last one if it ended less than `within_ms` ago (0 otherwise). The pump does not count
-    /// that time against them.
+    /// How long users of this replica could not heartbeat, for a sweep at `now_ms`: the outage
+    /// or shedding episode in progress, or the last one if it ended less than `within_ms` ago
+    /// (0 otherwise). A poll this replica refused for saturation is no silence of the user's.
+    /// The pumps do not count that time against them (this replica's share reaches the others'
+    /// pumps through the instance registry).
     pub fn outage_credit_ms(&self, now_ms: u64, within_ms: u64) -> u64 {
-        let since = self.down_since.lock();
-        if let Some((_, start)) = *since {
-            return now_ms.saturating_sub(start);
-        }
-        match *self.last_outage.lock() {
-            Some((start, end)) if now_ms.saturating_sub(end) < within_ms => {
-                end.saturating_sub(start)
+        let outage = {
+            let since = self.down_since.lock();
+            match (*since, *self.last_outage.lock()) {
+                (Some((_, start)), _) => now_ms.saturating_sub(start),
+                (None, Some((start, end))) if now_ms.saturating_sub(end) < within_ms => {
+                    end.saturating_sub(start)
+                }
+                _ => 0,
+            }
+        };
+        let shed = match *self.shedding.lock() {
+            Some((start, last)) if now_ms.saturating_sub(last) < SHED_EPISODE_GAP_MS => {
+                now_ms.saturating_sub(start)
+            }
+            Some((start, last)) if now_ms.saturating_sub(last) < within_ms => {
+                last.saturating_sub(start)
             }
             _ => 0,
-        }
+        };
+        outage.max(shed)
     }
 
     /// Runs any other store work (the flag refresh) under the background policy.
@@ -195,7 +214,10 @@ impl StoreGuard {
         let _permit = match class {
             Class::Request => match self.requests.try_acquire() {
                 Ok(p) => Some(p),
-                Err(_) => return Err(self.shed(op)),
+                Err(_) => {
+                    self.note_shedding();
+                    return Err(self.shed(op));
+                }
             },
             Class::Gate => match self.gate.try_acquire() {
                 Ok(p) => Some(p),
@@ -287,6 +309,19 @@ impl StoreGuard {
             tracing::warn!(store = self.inner.kind(), op, error = %e,
                 "store failed; degrading until it answers again");
         }
+    }
+
+    /// A request-path call was refused for saturation now: part of the current shedding episode,
+    /// or the start of a new one.
+    fn note_shedding(&self) {
+        let now = epoch_ms();
+        let mut episode = self.shedding.lock();
+        *episode = match *episode {
+            Some((start, last)) if now.saturating_sub(last) < SHED_EPISODE_GAP_MS => {
+                Some((start, now.max(last)))
+            }
+            _ => Some((now, now)),
+        };
     }
 
     fn shed(&self, op: &'static str) -> StoreError {
@@ -459,5 +494,36 @@ impl QueueStore for StoreGuard {
 
     async fn probe(&self) -> Result<(), StoreError> {
         StoreGuard::probe(self).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shedding_is_credited_like_an_outage() {
+        let guard = StoreGuard::new(
+            Arc::new(crate::store::MemoryStore::new()),
+            GuardConfig {
+                timeout: Duration::from_millis(150),
+                max_in_flight: 1,
+            },
+            Metrics::new().unwrap(),
+        );
+        let now = epoch_ms();
+        assert_eq!(guard.outage_credit_ms(now, 10_000), 0);
+        *guard.shedding.lock() = Some((now - 5_000, now - 100));
+        let ongoing = guard.outage_credit_ms(now, 10_000);
+        assert!((5_000..5_100).contains(&ongoing), "{ongoing}");
+        // Ended 3 s ago after 2 s: credited for a heartbeat timeout after it.
+        *guard.shedding.lock() = Some((now - 5_000, now - 3_000));
+        assert_eq!(guard.outage_credit_ms(now, 10_000), 2_000);
+        assert_eq!(guard.outage_credit_ms(now, 3_000), 0);
+        guard.note_shedding();
+        assert!(
+            guard.outage_credit_ms(epoch_ms(), 10_000) < 100,
+            "a new episode"
+        );
     }
 }

@@ -129,6 +129,9 @@ pub struct Registering<'a> {
     pub recent_window: std::time::Duration,
     /// A clean shutdown: remove this instance instead of recording it.
     pub leave: bool,
+    /// How long this instance's users could not heartbeat (an outage or shedding episode in
+    /// progress or recent, `StoreGuard::outage_credit_ms`): every pump's sweep credits it.
+    pub credit_ms: u64,
 }
 
 /// The instance registry's answer.
@@ -147,6 +150,9 @@ pub struct Instances {
     /// leave less of the batch (never less than the smaller of what it asked for and what it
     /// held before). 0 when leaving.
     pub recorded: u32,
+    /// The largest credit the live instances reported: no pump evicts for time in which some
+    /// replica could not take its users' heartbeats.
+    pub credit_ms: u64,
 }
 
 /// What one `advance` call did.

@@ -55,7 +55,10 @@ impl Scripts {
             setnx: Script::new("setnx", include_str!("../../lua/setnx.lua")),
             instances: Script::new("instances", include_str!("../../lua/instances.lua")),
             admit: Script::new("admit", include_str!("../../lua/admit.lua")),
-            settings_read: Script::new("settings_read", include_str!("../../lua/settings_read.lua")),
+            settings_read: Script::new(
+                "settings_read",
+                include_str!("../../lua/settings_read.lua"),
+            ),
             settings_write: Script::new(
                 "settings_write",
                 include_str!("../../lua/settings_write.lua"),
@@ -90,6 +93,9 @@ pub const REGISTERED_KEY: &str = "queue:targets";
 
 /// The instance registry (`instances.lua`): live gateway replicas, for the fail-open pacer.
 pub const INSTANCES_KEY: &str = "queue:instances";
+
+/// The heartbeat credits the instances report (`instances.lua`), in the registry's slot.
+pub const INSTANCES_CREDIT_KEY: &str = "{queue:instances}:credit";
 
 /// Every per-target key (SPEC §9): one enum, rendered in one place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -581,6 +581,7 @@ impl QueueStore for MemoryStore {
             reserved: 0,
             unrecorded: 0,
             recorded: if r.leave { 0 } else { r.share.min(r.batch) },
+            credit_ms: r.credit_ms,
         })
     }
 }

@@ -40,7 +40,9 @@ use url::{Deployment, RedisUrl};
 
 use super::liveness::Liveness;
 use super::replies::{self, as_u64, reply_array, PollReply};
-use super::scripts::{Key, Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_KEY};
+use super::scripts::{
+    Key, Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_CREDIT_KEY, INSTANCES_KEY,
+};
 use super::{
     Advance, EnterOutcome, Instances, Mint, Now, PollOutcome, QueueStore, Registering, StoreError,
     ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
@@ -809,11 +811,12 @@ impl QueueStore for RedisStore {
             if r.leave { "leave" } else { "register" }.into(),
             r.share.to_string().into(),
             r.batch.to_string().into(),
+            r.credit_ms.to_string().into(),
         ];
         let reply = self
             .eval(
                 &self.scripts.instances,
-                vec![INSTANCES_KEY.to_string()],
+                vec![INSTANCES_KEY.to_string(), INSTANCES_CREDIT_KEY.to_string()],
                 argv,
             )
             .await?;
@@ -830,6 +833,7 @@ impl QueueStore for RedisStore {
             reserved: count(2)?,
             unrecorded: count(3)?,
             recorded: count(4)?,
+            credit_ms: items.get(5).map_or(Ok(0), |v| as_u64(v, "instances"))?,
         })
     }
 

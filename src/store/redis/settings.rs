@@ -99,10 +99,7 @@ impl RedisStore {
     /// How many gateway replicas registered within `window` (the CLI's check that someone runs
     /// who may write back a lost settings document).
     pub async fn live_replicas(&self, window: std::time::Duration) -> Result<u64, StoreError> {
-        let time = self
-            .command("TIME", vec![])
-            .await
-            .map_err(store_err)?;
+        let time = self.command("TIME", vec![]).await.map_err(store_err)?;
         let secs = reply_array(time, "time")?
             .first()
             .and_then(|v| v.as_string())
