@@ -169,7 +169,15 @@ struct Budget {
     /// spending more of the budget: the same user, the same tick, the same token). A set: a
     /// share can be large, and every degraded enter and poll looks here.
     users: std::collections::HashSet<u64>,
+    /// Users who showed a queue ticket (they were waiting before the store failed) and were not
+    /// let through yet: (seq, user) → when last seen (epoch ms). Kept across ticks; the lowest
+    /// `MAX_HOLDERS` seqs only.
+    holders: std::collections::BTreeMap<(u64, u64), u64>,
 }
+
+/// How many ticket holders a replica remembers per sale: the lowest seqs, which are the next to
+/// be let through (a share's worth at most per tick).
+const MAX_HOLDERS: usize = 256;
 
 /// What the pacer decided for one degraded enter or poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,26 +269,58 @@ impl Pacer {
         b.known = targets.iter().copied().take(MAX_PACED_TARGETS).collect();
     }
 
-    /// Whether `user` of `target` may be let through now. `last_ok_ms` is when the store last
-    /// answered this replica (0: never).
+    /// Whether `user` of `target`, who shows no queue ticket, may be let through now.
+    /// `last_ok_ms` is when the store last answered this replica (0: never).
     pub fn try_admit(&self, target: QueueTarget, user: u64, now_ms: u64, last_ok_ms: u64) -> Pace {
+        self.admit(target, user, None, now_ms, last_ok_ms)
+    }
+
+    /// How long a ticket holder counts as waiting after it was last seen here: its polls go to
+    /// every replica in turn, one a tick while the store is down.
+    fn holder_stale_ms(&self) -> u64 {
+        let replicas = u64::from(self.replicas().max(2));
+        self.cfg.tick_ms.saturating_mul(replicas + 1)
+    }
+
+    /// Whether `user` of `target` may be let through now; `seq` is the seq of its queue ticket,
+    /// if it showed a valid one. Users who were waiting come first, lowest seq first: a ticket
+    /// holder is let through while fewer holders with a lower seq (seen lately, not yet let
+    /// through) wait than the tick's share has left; users without a ticket only get what the
+    /// holders left, in the second half of a tick (the holders poll at its start). Holders are
+    /// remembered from their first degraded poll on, also while this replica may not pace yet,
+    /// so the order holds from the first paced tick.
+    pub fn admit(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        seq: Option<u64>,
+        now_ms: u64,
+        last_ok_ms: u64,
+    ) -> Pace {
         let window = now_ms / self.cfg.tick_ms;
-        if last_ok_ms > 0 && window <= last_ok_ms / self.cfg.tick_ms {
-            // The store answered in this tick: the pump may have admitted its batch in it.
+        // The store answered in this tick: the pump may have admitted its batch in it.
+        let answered = last_ok_ms > 0 && window <= last_ok_ms / self.cfg.tick_ms;
+        let share = match self.paced_share(now_ms) {
+            Some(share) if share > 0 && !answered => Some(share as usize),
+            _ => None,
+        };
+        if share.is_none() && seq.is_none() {
             return Pace::Held;
         }
-        let share = match self.paced_share(now_ms) {
-            Some(share) if share > 0 => share as usize,
-            _ => return Pace::Held,
+        let held_or_spent = if share.is_some() {
+            Pace::Spent
+        } else {
+            Pace::Held
         };
+        let stale_ms = self.holder_stale_ms();
         let mut guard = self.budgets.lock();
         let budgets = &mut *guard;
         let table = &mut budgets.per_target;
         if !table.contains_key(&target) && table.len() >= MAX_PACED_TARGETS {
-            table.retain(|_, b| b.window >= window);
+            table.retain(|_, b| b.window >= window || !b.holders.is_empty());
             if table.len() >= MAX_PACED_TARGETS {
                 if !budgets.known.contains(&target) {
-                    return Pace::Spent;
+                    return held_or_spent;
                 }
                 // A known sale takes the place of a target nobody had a queue for.
                 let stranger = table.keys().find(|t| !budgets.known.contains(t)).copied();
@@ -288,13 +328,14 @@ impl Pacer {
                     Some(s) => {
                         table.remove(&s);
                     }
-                    None => return Pace::Spent,
+                    None => return held_or_spent,
                 }
             }
         }
         let b = table.entry(target).or_insert(Budget {
             window,
             users: Default::default(),
+            holders: Default::default(),
         });
         // Windows only move forward: a request whose clock reading is older than the budget's
         // window (it waited on the store) spends the current window's budget, never reopens an
@@ -305,11 +346,43 @@ impl Pacer {
             // that may never come back.
             b.users = Default::default();
         }
+        b.holders
+            .retain(|_, seen| now_ms.saturating_sub(*seen) < stale_ms);
+        let holder = seq.map(|seq| (seq, user));
+        if let Some(key) = holder {
+            let full = b.holders.len() >= MAX_HOLDERS && !b.holders.contains_key(&key);
+            let beyond = full
+                && b.holders
+                    .last_key_value()
+                    .is_some_and(|(last, _)| *last < key);
+            if !beyond {
+                b.holders.insert(key, now_ms);
+                if b.holders.len() > MAX_HOLDERS {
+                    b.holders.pop_last();
+                }
+            }
+        }
+        let Some(share) = share else {
+            return Pace::Held;
+        };
         if b.users.contains(&user) {
             return Pace::Admitted;
         }
         if b.users.len() >= share {
             return Pace::Spent;
+        }
+        let left = share - b.users.len();
+        match holder {
+            Some(key) if b.holders.range(..key).count() >= left => return Pace::Spent,
+            Some(key) => {
+                b.holders.remove(&key);
+            }
+            None => {
+                let first_half = now_ms % self.cfg.tick_ms < self.cfg.tick_ms / 2;
+                if first_half && !b.holders.is_empty() {
+                    return Pace::Spent;
+                }
+            }
         }
         if window > budgets.window {
             budgets.window = window;
@@ -529,6 +602,72 @@ mod tests {
             Pace::Admitted,
             "a new tick"
         );
+    }
+
+    #[test]
+    fn ticket_holders_come_first_lowest_seq_first() {
+        let p = cut_off(1000, 4, 1);
+        let tick = PACING - PACING % 1000 + 1000;
+        // Holders with seqs 10..20 were seen while this replica could not pace yet (the store
+        // answered in that tick): they are remembered, and come first in seq order from the
+        // first paced tick.
+        for seq in [19, 12, 15, 10, 11, 13, 14, 16, 17, 18] {
+            assert_eq!(
+                p.admit(t(1), seq, Some(seq), tick - 10, tick - 20),
+                Pace::Held
+            );
+        }
+        // Fresh users flood the start of the tick.
+        for u in 0..50u64 {
+            assert_eq!(
+                p.try_admit(t(1), 1000 + u, tick + 1, 0),
+                Pace::Spent,
+                "the first half is the holders'"
+            );
+        }
+        let admitted: Vec<u64> = [19, 12, 15, 10, 11, 13, 14, 16, 17, 18]
+            .into_iter()
+            .filter(|&seq| p.admit(t(1), seq, Some(seq), tick + 2, 0) == Pace::Admitted)
+            .collect();
+        assert_eq!(admitted, vec![12, 10, 11, 13], "the four lowest seqs");
+        assert_eq!(p.try_admit(t(1), 2000, tick + 600, 0), Pace::Spent, "spent");
+        // Next tick: the holders left keep coming first; with none waiting, fresh users may use
+        // the second half.
+        let next = tick + 1000;
+        assert_eq!(p.admit(t(1), 19, Some(19), next + 1, 0), Pace::Spent);
+        for seq in [14, 15, 16, 17] {
+            assert_eq!(p.admit(t(1), seq, Some(seq), next + 1, 0), Pace::Admitted);
+        }
+        let later = next + 1000 * 10;
+        assert_eq!(
+            p.try_admit(t(1), 3000, later + 1, 0),
+            Pace::Admitted,
+            "nobody holds a ticket"
+        );
+    }
+
+    #[test]
+    fn fresh_users_get_what_the_holders_left_in_the_second_half() {
+        let p = cut_off(1000, 4, 1);
+        let tick = PACING - PACING % 1000 + 1000;
+        assert_eq!(p.admit(t(1), 5, Some(5), tick + 10, 0), Pace::Admitted);
+        assert_eq!(p.admit(t(1), 6, Some(6), tick + 10, 0), Pace::Admitted);
+        assert_eq!(p.admit(t(1), 9, Some(9), tick + 10, 0), Pace::Admitted);
+        // Holder 9 was the last one seen; it is let through, so nobody holds a ticket now.
+        assert_eq!(p.try_admit(t(1), 100, tick + 400, 0), Pace::Admitted);
+        assert_eq!(
+            p.try_admit(t(1), 101, tick + 600, 0),
+            Pace::Spent,
+            "the share is used"
+        );
+        let next = tick + 1000;
+        // A holder seen but not let through keeps the first half for holders.
+        assert_eq!(p.admit(t(1), 20, Some(20), next + 1, 0), Pace::Admitted);
+        for u in 21..24 {
+            assert_eq!(p.admit(t(1), u, Some(u), next + 2, 0), Pace::Admitted);
+        }
+        assert_eq!(p.admit(t(1), 30, Some(30), next + 3, 0), Pace::Spent);
+        assert_eq!(p.try_admit(t(1), 102, next + 700, 0), Pace::Spent);
     }
 
     #[test]

@@ -134,29 +134,108 @@ pub fn verify(
     token: &str,
     now_epoch_secs: u64,
 ) -> Result<TokenClaims, TokenError> {
-    if token.len() > MAX_TOKEN_LEN {
+    let mut payload_buf = [0u8; MAX_TOKEN_LEN / 4 * 3];
+    let payload = authenticated(keys, token, &mut payload_buf)?;
+    let claims = parse_payload(payload).ok_or(TokenError::Malformed)?;
+    if claims.expires_at <= now_epoch_secs {
+        return Err(TokenError::Expired);
+    }
+    Ok(claims)
+}
+
+/// The payload of a signed string (`base64url(payload) "." base64url(mac)`), decoded into
+/// `payload_buf` once its format and MAC are checked: the field parsers only ever see bytes we
+/// signed ourselves.
+fn authenticated<'b>(
+    keys: &TokenKeys,
+    signed: &str,
+    payload_buf: &'b mut [u8; MAX_TOKEN_LEN / 4 * 3],
+) -> Result<&'b [u8], TokenError> {
+    if signed.len() > MAX_TOKEN_LEN {
         return Err(TokenError::TooLong);
     }
-    let (payload_b64, mac_b64) = token.split_once('.').ok_or(TokenError::Malformed)?;
+    let (payload_b64, mac_b64) = signed.split_once('.').ok_or(TokenError::Malformed)?;
     if payload_b64.is_empty() || mac_b64.is_empty() || mac_b64.contains('.') {
         return Err(TokenError::Malformed);
     }
     // Decoded on the stack: a token is at most MAX_TOKEN_LEN bytes, so its payload decodes to
     // three quarters of that at most; a MAC part that does not decode to MAC_LEN is not ours.
-    let mut payload_buf = [0u8; MAX_TOKEN_LEN / 4 * 3];
     let mut mac = [0u8; MAC_LEN];
     let payload_len =
-        decode_b64url(payload_b64.as_bytes(), &mut payload_buf).ok_or(TokenError::Malformed)?;
+        decode_b64url(payload_b64.as_bytes(), payload_buf).ok_or(TokenError::Malformed)?;
     if decode_b64url(mac_b64.as_bytes(), &mut mac) != Some(MAC_LEN) {
         return Err(TokenError::Malformed);
     }
     let payload = &payload_buf[..payload_len];
-    // Authenticate before parsing so the field parser only ever sees bytes we
-    // signed ourselves.
     if !keys.mac_matches(payload, &mac) {
         return Err(TokenError::BadSignature);
     }
-    let claims = parse_payload(payload).ok_or(TokenError::Malformed)?;
+    Ok(payload)
+}
+
+/// A queue ticket: what an enter answer signs for a waiting user (its sale, the user and the
+/// fixed seq), so that while the store is down a replica can tell users who were waiting, and in
+/// which order, from fresh arrivals (`failopen::Pacer`). Useless elsewhere: bound to one user and
+/// one sale, and never an entry token (its payload has six fields and starts with `TICKET`, an
+/// entry token's has four).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TicketClaims {
+    pub target_type: TargetType,
+    pub target_id: u64,
+    pub user_id: u64,
+    pub seq: u64,
+    pub expires_at: u64,
+}
+
+const TICKET_TAG: &[u8] = b"TICKET";
+
+/// `base64url("TICKET|{TYPE}|{targetId}|{userId}|{seq}|{expiresAt}") "." base64url(HMAC)`.
+pub fn mint_ticket(keys: &TokenKeys, t: &TicketClaims) -> String {
+    let payload = format!(
+        "TICKET|{}|{}|{}|{}|{}",
+        t.target_type.as_str(),
+        t.target_id,
+        t.user_id,
+        t.seq,
+        t.expires_at
+    );
+    let tag = hmac::sign(&keys.current, payload.as_bytes());
+    let mut ticket = B64.encode(payload.as_bytes());
+    ticket.push('.');
+    B64.encode_string(tag.as_ref(), &mut ticket);
+    ticket
+}
+
+/// Verifies a queue ticket as [`verify`] does a token.
+pub fn verify_ticket(
+    keys: &TokenKeys,
+    ticket: &str,
+    now_epoch_secs: u64,
+) -> Result<TicketClaims, TokenError> {
+    let mut payload_buf = [0u8; MAX_TOKEN_LEN / 4 * 3];
+    let payload = authenticated(keys, ticket, &mut payload_buf)?;
+    let mut fields = payload.split(|&b| b == b'|');
+    let (Some(TICKET_TAG), Some(kind), Some(target), Some(user), Some(seq), Some(exp), None) = (
+        fields.next(),
+        fields.next(),
+        fields.next(),
+        fields.next(),
+        fields.next(),
+        fields.next(),
+        fields.next(),
+    ) else {
+        return Err(TokenError::Malformed);
+    };
+    let claims = (|| {
+        Some(TicketClaims {
+            target_type: TargetType::from_enum_bytes(kind)?,
+            target_id: positive_id(target)?,
+            user_id: positive_id(user)?,
+            seq: positive_id(seq)?,
+            expires_at: positive_id(exp)?,
+        })
+    })()
+    .ok_or(TokenError::Malformed)?;
     if claims.expires_at <= now_epoch_secs {
         return Err(TokenError::Expired);
     }
@@ -622,5 +701,42 @@ mod tests {
             prop_assert!(token.len() <= MAX_TOKEN_LEN);
             prop_assert_eq!(verify(&keys(), &token, now), Ok(c));
         }
+    }
+
+    #[test]
+    fn tickets_round_trip_and_are_never_tokens() {
+        let keys = TokenKeys::new(b"0123456789abcdef0123456789abcdef", None);
+        let t = TicketClaims {
+            target_type: TargetType::LimitedDrop,
+            target_id: 42,
+            user_id: 1001,
+            seq: 17,
+            expires_at: 2_000,
+        };
+        let ticket = mint_ticket(&keys, &t);
+        assert_eq!(verify_ticket(&keys, &ticket, 1_000), Ok(t.clone()));
+        assert_eq!(
+            verify_ticket(&keys, &ticket, 2_000),
+            Err(TokenError::Expired)
+        );
+        assert_eq!(verify(&keys, &ticket, 1_000), Err(TokenError::Malformed));
+        let token = mint(
+            &keys,
+            &TokenClaims {
+                target_type: TargetType::LimitedDrop,
+                target_id: 42,
+                user_id: 1001,
+                expires_at: 2_000,
+            },
+        );
+        assert_eq!(
+            verify_ticket(&keys, &token, 1_000),
+            Err(TokenError::Malformed)
+        );
+        let other = TokenKeys::new(b"another-secret-0123456789abcdef!", None);
+        assert_eq!(
+            verify_ticket(&other, &ticket, 1_000),
+            Err(TokenError::BadSignature)
+        );
     }
 }

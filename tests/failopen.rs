@@ -7,6 +7,8 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -526,5 +528,127 @@ fn a_redis_that_answers_ping_but_takes_no_writes_is_an_outage() {
         1,
         "{}",
         gw.log()
+    );
+}
+
+/// While Redis is down, the paced admissions go to the users who were waiting (they show the
+/// queue ticket of their enter answer), lowest seq first, before an attacker who enters fresh
+/// ids as fast as it can.
+#[test]
+fn paced_admissions_go_to_ticket_holders_before_fresh_arrivals() {
+    let _serial = serial();
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let gw = gateway(&redis, &up, |c| {
+        c.queue.tick_ms = 500;
+        c.queue.batch_size = 4;
+        c.queue.heartbeat_timeout_s = 60;
+    });
+    gw.wait_flag_known();
+    let registered = || {
+        let members = redis
+            .cmd(&["ZRANGE", "queue:instances", "0", "-1"])
+            .as_vec();
+        members.len() == 1 && members[0].as_str().is_some_and(|m| m.ends_with("|4"))
+    };
+    assert!(wait_until(Duration::from_secs(5), registered));
+    let mut c = gw.client();
+    // 300 users ahead who never poll keep the pump busy; then the 40 users we follow.
+    for user in 1..=300 {
+        assert!(queued(&enter(&mut c, user)));
+    }
+    let holders: Vec<(u64, u64, String)> = (1001..=1040u64)
+        .map(|user| {
+            let (_, v, _) = enter(&mut c, user);
+            assert_eq!(v["status"], "WAITING");
+            let ticket = v["queueTicket"]
+                .as_str()
+                .expect("a queue ticket")
+                .to_string();
+            (user, v["position"].as_u64().unwrap(), ticket)
+        })
+        .collect();
+    redis.pause();
+    let paused = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    // (time, user, seq or 0 for an attacker) of every DIRECT_ADMITTED answer.
+    let admitted = Arc::new(parking_lot::Mutex::new(Vec::<(Duration, u64, u64)>::new()));
+    let mut threads = Vec::new();
+    for chunk in holders.chunks(10) {
+        let chunk = chunk.to_vec();
+        let (stop, admitted, addr) = (stop.clone(), admitted.clone(), gw.listen);
+        threads.push(std::thread::spawn(move || {
+            let mut c = Client::connect(addr);
+            let mut waiting: Vec<_> = chunk;
+            while !stop.load(Ordering::Relaxed) && !waiting.is_empty() {
+                waiting.retain(|(user, seq, ticket)| {
+                    let r = c.get(
+                        &format!("{Q}/entries/me"),
+                        &[("X-User-Id", &user.to_string()), ("X-Queue-Ticket", ticket)],
+                    );
+                    let Ok(r) = r else { return true };
+                    if r.json()["status"] == "DIRECT_ADMITTED" {
+                        admitted.lock().push((paused.elapsed(), *user, *seq));
+                        return false;
+                    }
+                    true
+                });
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }));
+    }
+    for k in 0..4u64 {
+        let (stop, admitted, addr) = (stop.clone(), admitted.clone(), gw.listen);
+        threads.push(std::thread::spawn(move || {
+            let mut c = Client::connect(addr);
+            let mut user = 5_000_000 + k * 1_000_000;
+            while !stop.load(Ordering::Relaxed) {
+                user += 1;
+                let (_, v, _) = enter(&mut c, user);
+                if v["status"] == "DIRECT_ADMITTED" {
+                    admitted.lock().push((paused.elapsed(), user, 0));
+                }
+            }
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(10_000));
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    redis.resume();
+    let mut admitted = admitted.lock().clone();
+    admitted.sort();
+    let holders_in = admitted.iter().filter(|a| a.2 > 0).count();
+    // While some holder was still waiting, who got the paced admissions?
+    let last_holder = admitted.iter().filter(|a| a.2 > 0).map(|a| a.0).max();
+    let before_last: Vec<_> = admitted
+        .iter()
+        .filter(|a| Some(a.0) <= last_holder)
+        .collect();
+    let attackers_before = before_last.iter().filter(|a| a.2 == 0).count();
+    // Seq order among the holders let through: how many came before a lower seq.
+    let seqs: Vec<u64> = admitted.iter().filter(|a| a.2 > 0).map(|a| a.2).collect();
+    let inversions = seqs
+        .iter()
+        .enumerate()
+        .filter(|(i, s)| seqs[i + 1..].iter().any(|later| later < s))
+        .count();
+    eprintln!(
+        "paced while Redis was paused: {} let through, {holders_in} of the 40 holders (the last {last_holder:?} into the pause), {attackers_before} attackers before that; {inversions} holders let through before a lower seq",
+        admitted.len()
+    );
+    assert!(
+        holders_in >= 30,
+        "holders let through: {holders_in}: {admitted:?}"
+    );
+    assert!(
+        attackers_before * 10 <= before_last.len(),
+        "{attackers_before} of {} paced admissions went to fresh ids while holders waited",
+        before_last.len()
+    );
+    assert!(
+        inversions * 10 <= seqs.len(),
+        "{inversions} out of order: {seqs:?}"
     );
 }

@@ -23,9 +23,12 @@ use crate::queue::{
 };
 use crate::registry::Standing;
 use crate::store::{EnterOutcome, Now, PollOutcome, QueueStore, StoreError, TokenCandidate};
-use crate::token::{mint, TokenClaims};
+use crate::token::{mint, mint_ticket, verify_ticket, TicketClaims, TokenClaims};
 
 pub use crate::identity::USER_HEADER;
+
+/// Where a client sends back the queue ticket of its enter answer (`token::TicketClaims`).
+pub const TICKET_HEADER: http::HeaderName = http::HeaderName::from_static("x-queue-ticket");
 
 /// A locally generated response.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,8 +108,8 @@ pub async fn handle(state: &AppState, call: ApiCall, headers: &HeaderMap) -> Rep
         ApiOp::Stats => stats(state, call.target).await,
         op => match user_id(state, headers) {
             Ok(user) => match op {
-                ApiOp::Enter => enter(state, call.target, user).await,
-                ApiOp::Poll => poll(state, call.target, user).await,
+                ApiOp::Enter => enter(state, call.target, user, headers).await,
+                ApiOp::Poll => poll(state, call.target, user, headers).await,
                 ApiOp::Leave => leave(state, call.target, user).await,
                 ApiOp::Stats => stats(state, call.target).await,
             },
@@ -134,15 +137,57 @@ fn entry(status: EntryStatus) -> Reply {
     Reply::json(200, &QueueEntryResponse::from(status))
 }
 
-fn waiting(state: &AppState, seq: u64, ahead: u64) -> Reply {
+fn waiting_status(state: &AppState, seq: u64, ahead: u64) -> EntryStatus {
     let q = &state.config.queue;
     let eta = eta_seconds(ahead, q.batch_size.get(), q.tick);
-    entry(EntryStatus::Waiting {
+    EntryStatus::Waiting {
         seq,
         ahead,
         eta_seconds: eta,
         poll_after_seconds: poll_after_seconds(eta, q.tick, q.heartbeat_timeout),
-    })
+    }
+}
+
+fn waiting(state: &AppState, seq: u64, ahead: u64) -> Reply {
+    entry(waiting_status(state, seq, ahead))
+}
+
+/// An enter's `WAITING` answer, with the queue ticket that proves the user's place while the
+/// store is down (minted on enters only: the seq never changes, so the client keeps it).
+fn waiting_with_ticket(
+    state: &AppState,
+    target: QueueTarget,
+    user: u64,
+    seq: u64,
+    ahead: u64,
+    now: Now,
+) -> Reply {
+    let ticket = mint_ticket(
+        &state.keys,
+        &TicketClaims {
+            target_type: target.kind,
+            target_id: target.id,
+            user_id: user,
+            seq,
+            // As long as the queue's keys live: a seq means nothing after them.
+            expires_at: now.epoch_ms / 1000 + crate::store::TARGET_KEY_TTL_SECS,
+        },
+    );
+    let response = QueueEntryResponse::from(waiting_status(state, seq, ahead)).with_ticket(ticket);
+    Reply::json(200, &response)
+}
+
+/// The seq of the request's queue ticket, when it shows a valid one for this user and sale.
+fn ticket_seq(
+    state: &AppState,
+    target: QueueTarget,
+    user: u64,
+    headers: &HeaderMap,
+    now: Now,
+) -> Option<u64> {
+    let value = crate::headers::single(headers, TICKET_HEADER).ok()??;
+    let t = verify_ticket(&state.keys, value, now.epoch_ms / 1000).ok()?;
+    (t.target_type == target.kind && t.target_id == target.id && t.user_id == user).then_some(t.seq)
 }
 
 /// Let the user through without queueing (the flag is off for them).
@@ -163,6 +208,7 @@ fn degraded(
     state: &AppState,
     target: QueueTarget,
     user: u64,
+    headers: &HeaderMap,
     cause: &StoreError,
 ) -> Result<Reply, ApiError> {
     // Read now, not when the request began: the store call that failed may have taken up to its
@@ -184,9 +230,10 @@ fn degraded(
         FailOpenMode::Open => (true, "direct_admitted"),
         FailOpenMode::Closed => (false, "refused"),
         FailOpenMode::Paced => {
+            let seq = ticket_seq(state, target, user, headers, now);
             match state
                 .pacer
-                .try_admit(target, user, now.epoch_ms, state.store.last_ok_ms())
+                .admit(target, user, seq, now.epoch_ms, state.store.last_ok_ms())
             {
                 Pace::Admitted => (true, "direct_admitted"),
                 Pace::Spent => (false, "waiting"),
@@ -216,7 +263,12 @@ fn degraded(
     Ok(entry(status).retry_after(retry_after))
 }
 
-async fn enter(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply, ApiError> {
+async fn enter(
+    state: &AppState,
+    target: QueueTarget,
+    user: u64,
+    headers: &HeaderMap,
+) -> Result<Reply, ApiError> {
     let now = now();
     if !state.flag.queue_on(target, user) {
         return Ok(direct(state, target, user, now));
@@ -226,7 +278,7 @@ async fn enter(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply
     match state.store.enter(target, user, now, capacity).await {
         Ok(EnterOutcome::Waiting { seq, ahead }) => {
             count("waiting");
-            Ok(waiting(state, seq, ahead))
+            Ok(waiting_with_ticket(state, target, user, seq, ahead, now))
         }
         Ok(EnterOutcome::Admitted { token, expires_at }) => {
             count("admitted");
@@ -247,7 +299,9 @@ async fn enter(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply
         Err(StoreError::OutOfMemory) => {
             let mint = || candidate(state, target, user, now);
             match state.store.poll(target, user, now, &mint).await {
-                Ok(PollOutcome::Waiting { seq, ahead }) => Ok(waiting(state, seq, ahead)),
+                Ok(PollOutcome::Waiting { seq, ahead }) => {
+                    Ok(waiting_with_ticket(state, target, user, seq, ahead, now))
+                }
                 Ok(PollOutcome::Admitted {
                     token, expires_at, ..
                 }) => Ok(entry(EntryStatus::Admitted { token, expires_at })),
@@ -257,11 +311,16 @@ async fn enter(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply
                 }
             }
         }
-        Err(e) => degraded(state, target, user, &e),
+        Err(e) => degraded(state, target, user, headers, &e),
     }
 }
 
-async fn poll(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply, ApiError> {
+async fn poll(
+    state: &AppState,
+    target: QueueTarget,
+    user: u64,
+    headers: &HeaderMap,
+) -> Result<Reply, ApiError> {
     let now = now();
     if !state.flag.queue_on(target, user) {
         return Ok(direct(state, target, user, now));
@@ -296,7 +355,7 @@ async fn poll(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply,
             Ok(entry(EntryStatus::Admitted { token, expires_at }))
         }
         Ok(PollOutcome::NotInQueue) => Err(ApiError::NotInQueue),
-        Err(e) => degraded(state, target, user, &e),
+        Err(e) => degraded(state, target, user, headers, &e),
     }
 }
 

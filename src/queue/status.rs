@@ -36,11 +36,20 @@ pub struct QueueEntryResponse {
     pub poll_after_seconds: Option<u64>,
     /// Answered while the shared store was unavailable (per `fail_open.mode`).
     pub degraded: bool,
+    /// A signed proof of the user's place (additive; on enter answers while `WAITING`): sent
+    /// back in `X-Queue-Ticket`, it gives the user precedence over fresh arrivals, by seq, while
+    /// the store is down (`token::TicketClaims`).
+    pub queue_ticket: Option<String>,
 }
 
 impl QueueEntryResponse {
     pub fn degraded(mut self) -> Self {
         self.degraded = true;
+        self
+    }
+
+    pub fn with_ticket(mut self, ticket: String) -> Self {
+        self.queue_ticket = Some(ticket);
         self
     }
 }
@@ -56,6 +65,7 @@ impl From<EntryStatus> for QueueEntryResponse {
             token_expires_at: None,
             poll_after_seconds: Some(poll),
             degraded: false,
+            queue_ticket: None,
         };
         let with_token = |status, token, exp| QueueEntryResponse {
             status,
@@ -66,6 +76,7 @@ impl From<EntryStatus> for QueueEntryResponse {
             token_expires_at: Some(iso8601_utc(exp)),
             poll_after_seconds: None,
             degraded: false,
+            queue_ticket: None,
         };
         match s {
             EntryStatus::Waiting {
@@ -89,6 +100,7 @@ impl From<EntryStatus> for QueueEntryResponse {
                 token_expires_at: None,
                 poll_after_seconds: Some(eta_seconds),
                 degraded: true,
+                queue_ticket: None,
             },
         }
     }
@@ -180,7 +192,8 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!({"status":"WAITING","position":17,"aheadCount":16,"etaSeconds":2,
-                "entryToken":null,"tokenExpiresAt":null,"pollAfterSeconds":2,"degraded":false})
+                "entryToken":null,"tokenExpiresAt":null,"pollAfterSeconds":2,"degraded":false,
+                "queueTicket":null})
         );
     }
 
@@ -196,7 +209,7 @@ mod tests {
             v,
             serde_json::json!({"status":"ADMITTED","position":null,"aheadCount":null,"etaSeconds":null,
                 "entryToken":"t","tokenExpiresAt":"2026-07-09T10:00:00Z","pollAfterSeconds":null,
-                "degraded":false})
+                "degraded":false,"queueTicket":null})
         );
     }
 
@@ -207,7 +220,8 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!({"status":"WAITING","position":null,"aheadCount":null,"etaSeconds":2,
-                "entryToken":null,"tokenExpiresAt":null,"pollAfterSeconds":2,"degraded":true})
+                "entryToken":null,"tokenExpiresAt":null,"pollAfterSeconds":2,"degraded":true,
+                "queueTicket":null})
         );
     }
 

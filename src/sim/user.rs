@@ -228,7 +228,7 @@ impl Ctx {
         op: Op,
         method: reqwest::Method,
         path: &str,
-        token: Option<&str>,
+        header: Option<(&'static str, &str)>,
     ) -> Answer {
         let asked = Instant::now();
         let Ok(_permit) = self.permits.acquire().await else {
@@ -239,8 +239,8 @@ impl Ctx {
             self.client.request(method, format!("{}{path}", self.base)),
             trace.user,
         );
-        if let Some(t) = token {
-            req = req.header("x-entry-token", t);
+        if let Some((name, value)) = header {
+            req = req.header(name, value);
         }
         if matches!(op, Op::Purchase | Op::Bypass) {
             req = req
@@ -383,6 +383,7 @@ pub async fn run(ctx: &Ctx, sale: &Sale, mut plan: Plan) -> UserTrace {
     if ctx.wait(plan.arrive).await {
         if plan.cheat {
             for forged in [None, Some("eyJmb3JnZWQiOnRydWV9.AAAA")] {
+                let forged = forged.map(|f| ("x-entry-token", f));
                 ctx.call(&mut t, Op::Bypass, reqwest::Method::POST, &purchase, forged)
                     .await;
             }
@@ -429,6 +430,9 @@ async fn play(
         }
     };
     let mut step = Step::Enter;
+    // The queue ticket of the last enter answer, sent back with every poll: it gives the user
+    // precedence over fresh arrivals while the store is down.
+    let mut ticket: Option<String> = None;
     loop {
         let pause = match step {
             Step::Enter => {
@@ -440,6 +444,9 @@ async fn play(
                     step = admitted(ctx, t, token, direct);
                     Duration::ZERO
                 } else if a.is_waiting() {
+                    if let Some(tk) = a.body["queueTicket"].as_str() {
+                        ticket = Some(tk.to_string());
+                    }
                     if let Some(seq) = a.position() {
                         t.seq = Some(seq);
                         t.last_heartbeat_ms = Some(a.sent_ms);
@@ -475,7 +482,8 @@ async fn play(
                     set_waiting(false);
                     return;
                 }
-                let a = ctx.call(t, Op::Poll, reqwest::Method::GET, me, None).await;
+                let shown = ticket.as_deref().map(|tk| ("x-queue-ticket", tk));
+                let a = ctx.call(t, Op::Poll, reqwest::Method::GET, me, shown).await;
                 step = Step::Poll { polls: polls + 1 };
                 if let Some((token, direct)) = a.token() {
                     set_waiting(false);
@@ -507,7 +515,7 @@ async fn play(
                         Op::Purchase,
                         reqwest::Method::POST,
                         purchase,
-                        Some(&token),
+                        Some(("x-entry-token", &token)),
                     )
                     .await;
                 match a.status {

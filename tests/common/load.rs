@@ -93,6 +93,8 @@ struct User {
     id: u64,
     entered: bool,
     seq: Option<u64>,
+    /// The queue ticket of the last enter answer, sent back with every poll.
+    ticket: Option<String>,
     token: Option<String>,
     waiting_ms: Option<u64>,
 }
@@ -160,6 +162,7 @@ fn worker(cfg: &LoadConfig, thread: u64, stop: &AtomicBool) -> Vec<Event> {
                 id: next_id,
                 entered: false,
                 seq: None,
+                ticket: None,
                 token: None,
                 waiting_ms: None,
             }
@@ -185,12 +188,11 @@ fn worker(cfg: &LoadConfig, thread: u64, stop: &AtomicBool) -> Vec<Event> {
             );
             (Op::Enter, r)
         } else {
-            let r = clients[g].request(
-                "GET",
-                &format!("{sale}/entries/me"),
-                &[("X-User-Id", &id)],
-                b"",
-            );
+            let mut headers = vec![("X-User-Id", id.as_str())];
+            if let Some(t) = &user.ticket {
+                headers.push(("X-Queue-Ticket", t));
+            }
+            let r = clients[g].request("GET", &format!("{sale}/entries/me"), &headers, b"");
             (Op::Poll, r)
         };
         let mut e = event(op, g, start_ms);
@@ -215,6 +217,9 @@ fn worker(cfg: &LoadConfig, thread: u64, stop: &AtomicBool) -> Vec<Event> {
                     Some("WAITING") => {
                         user.entered = true;
                         user.waiting_ms = Some(start_ms);
+                        if let Some(t) = v["queueTicket"].as_str() {
+                            user.ticket = Some(t.to_string());
+                        }
                         if let Some(seq) = v["position"].as_u64() {
                             user.seq = Some(seq);
                         }
@@ -229,6 +234,7 @@ fn worker(cfg: &LoadConfig, thread: u64, stop: &AtomicBool) -> Vec<Event> {
                 e.lost = user.seq.is_some();
                 user.entered = false;
                 user.seq = None;
+                user.ticket = None;
             }
             Ok(_) => {}
         }
