@@ -386,3 +386,209 @@ fn header_mode_trusts_the_header_as_documented() {
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["code"], "BAD_REQUEST");
 }
+
+/// The other spelling of an ES256 signature (`s` → `n - s`): the same signature to every
+/// standard verifier, and what OpenSSL-based signers produce half the time.
+fn twin(token: &str) -> String {
+    const N: [u8; 32] = [
+        0xff, 0xff, 0xff, 0xff, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+        0xff, 0xbc, 0xe6, 0xfa, 0xad, 0xa7, 0x17, 0x9e, 0x84, 0xf3, 0xb9, 0xca, 0xc2, 0xfc, 0x63,
+        0x25, 0x51,
+    ];
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let (signed, sig) = token.rsplit_once('.').unwrap();
+    let mut sig = b64.decode(sig).unwrap();
+    let mut borrow = 0i16;
+    for i in (0..32).rev() {
+        let d = i16::from(N[i]) - i16::from(sig[32 + i]) - borrow;
+        sig[32 + i] = d.rem_euclid(256) as u8;
+        borrow = i16::from(d < 0);
+    }
+    format!("{signed}.{}", b64.encode(sig))
+}
+
+fn high_s(token: &str) -> bool {
+    let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token.rsplit_once('.').unwrap().1)
+        .unwrap();
+    sig[32] >= 0x80
+}
+
+#[test]
+fn es256_signatures_verify_in_both_spellings_unless_low_s_only() {
+    let es = |c: &mut ConfigFile| {
+        c.identity.algorithms = vec![JwtAlgorithm::ES256];
+        c.identity.key_file = data("ec_a.pub").display().to_string();
+    };
+    let (gw, _up) = jwt_gateway(es);
+    let (strict, _up2) = jwt_gateway(|c| {
+        es(c);
+        c.identity.es256_low_s_only = true;
+    });
+    let mut both = (false, false);
+    for user in 1..=40u64 {
+        let t = sign(
+            Algorithm::ES256,
+            "ec_a.key",
+            None,
+            &claims(&user.to_string()),
+        );
+        let signed_high = high_s(&t);
+        let (low, high) = if signed_high {
+            (twin(&t), t.clone())
+        } else {
+            (t.clone(), twin(&t))
+        };
+        assert!(!high_s(&low) && high_s(&high));
+        assert_eq!(enter(&gw, &[("Authorization", &bearer(&low))]).status, 200);
+        assert_eq!(enter(&gw, &[("Authorization", &bearer(&high))]).status, 200);
+        assert_eq!(
+            enter(&strict, &[("Authorization", &bearer(&low))]).status,
+            200
+        );
+        assert_eq!(
+            enter(&strict, &[("Authorization", &bearer(&high))]).status,
+            401
+        );
+        both = (both.0 | !signed_high, both.1 | signed_high);
+    }
+    assert!(both.0 && both.1, "the signer gave both spellings");
+}
+
+#[test]
+fn an_issuer_that_is_not_one_string_is_refused() {
+    let (gw, _up) = jwt_gateway(|_| {});
+    for iss in [
+        serde_json::json!(["https://auth.test"]),
+        serde_json::json!(["https://evil.test", "https://auth.test"]),
+        serde_json::json!({"iss": "https://auth.test"}),
+        serde_json::json!(7),
+    ] {
+        let mut c = claims("5");
+        c["iss"] = iss.clone();
+        let t = sign(Algorithm::RS256, "rsa_a.key", None, &c);
+        assert_eq!(
+            enter(&gw, &[("Authorization", &bearer(&t))]).status,
+            401,
+            "{iss}"
+        );
+    }
+}
+
+/// The gateway's CPU time (user + system) so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// With 16 keys, a token must name its key (one verification at most), and a flood of bogus
+/// tokens costs the gateway at most twice the CPU of as many ordinary requests.
+#[test]
+fn a_bogus_token_costs_at_most_two_ordinary_requests() {
+    let _serial = serial();
+    let dir = TempDir::new("jwks16");
+    let jwks = dir.0.join("jwks.json");
+    // rsa_a's public key under 16 key ids.
+    let pem = std::fs::read_to_string(data("rsa_a.pub")).unwrap();
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(
+            pem.lines()
+                .filter(|l| !l.starts_with("-----"))
+                .collect::<String>(),
+        )
+        .unwrap();
+    // SubjectPublicKeyInfo of a 2048-bit key: the modulus starts 33 bytes in, the exponent is
+    // the last three bytes.
+    let (n, e) = (&der[33..33 + 256], &der[der.len() - 3..]);
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let keys: Vec<serde_json::Value> = (0..16)
+        .map(|i| {
+            serde_json::json!({"kty": "RSA", "alg": "RS256", "use": "sig", "kid": format!("k{i}"),
+                "n": b64.encode(n), "e": b64.encode(e)})
+        })
+        .collect();
+    std::fs::write(&jwks, serde_json::json!({ "keys": keys }).to_string()).unwrap();
+    let path = jwks.display().to_string();
+    let (gw, _up) = jwt_gateway(|c| {
+        c.identity.key_file = String::new();
+        c.identity.jwks_file = path.clone();
+    });
+    let named = sign(Algorithm::RS256, "rsa_a.key", Some("k7"), &claims("31"));
+    let unnamed = sign(Algorithm::RS256, "rsa_a.key", None, &claims("31"));
+    assert_eq!(
+        enter(&gw, &[("Authorization", &bearer(&named))]).status,
+        200
+    );
+    let r = enter(&gw, &[("Authorization", &bearer(&unnamed))]);
+    assert_eq!(r.status, 401);
+    assert!(
+        r.json()["detail"].as_str().unwrap().contains("kid"),
+        "{}",
+        r.json()
+    );
+
+    // Bogus tokens: well-formed, naming a key, each with its own random signature.
+    let (signed, _) = named.rsplit_once('.').unwrap();
+    let bogus: Vec<String> = (0..1500u32)
+        .map(|i| {
+            let sig: Vec<u8> = (0..256u32)
+                .map(|j| (i.wrapping_mul(31) ^ j.wrapping_mul(7)) as u8)
+                .collect();
+            format!("{signed}.{}", b64.encode(sig))
+        })
+        .collect();
+    let mut c = gw.client();
+    let mut run = |tokens: &mut dyn Iterator<Item = &String>| {
+        let before = cpu_ticks(gw.pid());
+        let mut n = 0u64;
+        for t in tokens {
+            let r = c
+                .request(
+                    "POST",
+                    &format!("{Q}/entries"),
+                    &[("Authorization", &bearer(t))],
+                    b"",
+                )
+                .unwrap();
+            assert!(matches!(r.status, 200 | 401));
+            n += 1;
+        }
+        (cpu_ticks(gw.pid()) - before) as f64 / n as f64
+    };
+    // The same bogus tokens without a key id: with 16 candidate keys, each would have cost up
+    // to 16 verifications.
+    let (unsigned_header, _) = signed.split_once('.').unwrap();
+    let header: serde_json::Value =
+        serde_json::from_slice(&b64.decode(unsigned_header).unwrap()).unwrap();
+    let mut no_kid = header.clone();
+    no_kid.as_object_mut().unwrap().remove("kid");
+    let no_kid_header = b64.encode(no_kid.to_string());
+    let anonymous: Vec<String> = bogus
+        .iter()
+        .map(|t| t.replacen(unsigned_header, &no_kid_header, 1))
+        .collect();
+    let ordinary = run(&mut std::iter::repeat_n(&named, 1500));
+    let attack = run(&mut bogus.iter());
+    let anonymous_attack = run(&mut anonymous.iter());
+    let ordinary_again = run(&mut std::iter::repeat_n(&named, 1500));
+    let ordinary = ordinary.max(ordinary_again);
+    eprintln!(
+        "JWT cost, CPU ticks per request: ordinary {ordinary:.4}, bogus token naming a key {attack:.4} ({:.2}x), naming none {anonymous_attack:.4} ({:.2}x)",
+        attack / ordinary,
+        anonymous_attack / ordinary
+    );
+    assert!(
+        attack <= 2.0 * ordinary,
+        "bogus {attack} vs ordinary {ordinary}"
+    );
+    assert!(
+        anonymous_attack <= 2.0 * ordinary,
+        "bogus without kid {anonymous_attack} vs ordinary {ordinary}"
+    );
+}

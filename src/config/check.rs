@@ -271,7 +271,7 @@ pub(super) fn identity(s: &IdentitySection) -> Result<IdentityConfig, ConfigErro
                     "name at least one algorithm",
                 ));
             }
-            let algorithms: Vec<_> = s.algorithms.iter().map(|a| (*a).into()).collect();
+            let algorithms = s.algorithms.clone();
             let key = match (s.key_file.is_empty(), s.jwks_file.is_empty()) {
                 (false, true) => KeySource::File(s.key_file.clone().into()),
                 (true, false) => KeySource::Jwks(s.jwks_file.clone().into()),
@@ -299,6 +299,7 @@ pub(super) fn identity(s: &IdentitySection) -> Result<IdentityConfig, ConfigErro
                 audience: opt(&s.audience),
                 user_claim: s.user_claim.clone(),
                 leeway_s: in_range("identity.leeway_s", s.leeway_s, 0, 600)?,
+                es256_low_s_only: s.es256_low_s_only,
             }))
         }
     }

@@ -76,6 +76,10 @@ pub struct IdentitySection {
     pub user_claim: String,
     /// With `jwt`: clock skew allowed on `exp` and `nbf`, seconds.
     pub leeway_s: u64,
+    /// With `jwt`: refuse ES256 signatures whose `s` is in the upper half of the curve order
+    /// (the second, malleable spelling of a signature). Only for issuers that always sign with a
+    /// low `s`: OpenSSL-based signers (most identity providers) give a high one half the time.
+    pub es256_low_s_only: bool,
 }
 
 impl Default for IdentitySection {
@@ -89,6 +93,7 @@ impl Default for IdentitySection {
             audience: String::new(),
             user_claim: "sub".into(),
             leeway_s: 30,
+            es256_low_s_only: false,
         }
     }
 }

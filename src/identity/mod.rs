@@ -18,11 +18,14 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 use http::{HeaderMap, HeaderName};
-use jsonwebtoken::jwk::JwkSet;
-use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
 use crate::headers::{self, BadHeader};
 use crate::queue::parse_positive_id;
+
+mod jwt;
+mod keys;
+
+use keys::Key;
 
 pub const USER_HEADER: HeaderName = HeaderName::from_static("x-user-id");
 
@@ -35,12 +38,14 @@ pub enum IdentityConfig {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JwtConfig {
-    pub algorithms: Vec<Algorithm>,
+    pub algorithms: Vec<JwtAlgorithm>,
     pub key: KeySource,
     pub issuer: Option<String>,
     pub audience: Option<String>,
     pub user_claim: String,
     pub leeway_s: u64,
+    /// Refuse high-`s` ES256 signatures (`identity.es256_low_s_only`).
+    pub es256_low_s_only: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,14 +65,6 @@ pub enum IdentityError {
     Invalid(&'static str),
 }
 
-/// One verification key and what it may verify.
-#[derive(Clone)]
-struct Key {
-    kid: Option<String>,
-    algorithm: Option<Algorithm>,
-    key: DecodingKey,
-}
-
 struct Keys {
     keys: Vec<Key>,
     modified: Option<SystemTime>,
@@ -76,6 +73,8 @@ struct Keys {
 pub struct Identity {
     config: IdentityConfig,
     keys: RwLock<Keys>,
+    /// Recently verified (or refused) bearer tokens (`jwt.rs`).
+    cache: jwt::Cache,
 }
 
 impl std::fmt::Debug for Identity {
@@ -84,12 +83,6 @@ impl std::fmt::Debug for Identity {
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
-}
-
-#[derive(serde::Deserialize)]
-struct Claims {
-    #[serde(flatten)]
-    rest: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Identity {
@@ -105,6 +98,7 @@ impl Identity {
         Ok(Identity {
             config,
             keys: RwLock::new(keys),
+            cache: jwt::Cache::default(),
         })
     }
 
@@ -139,48 +133,9 @@ impl Identity {
                 ))
             }
         };
-        if token.len() > 8192 {
-            return Err(IdentityError::Invalid("the token is too long"));
-        }
-        let invalid = IdentityError::Invalid("the token is not valid");
-        let header = jsonwebtoken::decode_header(token).map_err(|_| invalid)?;
-        if !cfg.algorithms.contains(&header.alg) {
-            return Err(IdentityError::Invalid(
-                "the token's algorithm is not accepted",
-            ));
-        }
-        let mut validation = Validation::new(header.alg);
-        validation.leeway = cfg.leeway_s;
-        validation.validate_nbf = true;
-        // A configured `iss` or `aud` must be present, not merely right when present: another
-        // application's token from the same provider often omits `aud`.
-        let mut required = vec!["exp"];
-        if let Some(iss) = &cfg.issuer {
-            validation.set_issuer(&[iss]);
-            required.push("iss");
-        }
-        match &cfg.audience {
-            Some(aud) => {
-                validation.set_audience(&[aud]);
-                required.push("aud");
-            }
-            None => validation.validate_aud = false,
-        }
-        validation.set_required_spec_claims(&required);
+        let now_s = crate::clock::now().epoch_ms / 1000;
         let keys = self.keys.read();
-        let candidates = keys.keys.iter().filter(|k| {
-            k.algorithm.is_none_or(|a| a == header.alg)
-                && match (&header.kid, &k.kid) {
-                    (Some(want), Some(have)) => want == have,
-                    (Some(_), None) | (None, _) => true,
-                }
-        });
-        for k in candidates {
-            if let Ok(data) = jsonwebtoken::decode::<Claims>(token, &k.key, &validation) {
-                return user_claim(&data.claims, &cfg.user_claim);
-            }
-        }
-        Err(invalid)
+        jwt::verify(cfg, &keys.keys, &self.cache, token, now_s)
     }
 
     /// Reloads the key file when it changed since the last load. Returns whether keys changed.
@@ -200,6 +155,8 @@ impl Identity {
             Ok(keys) => {
                 let n = keys.keys.len();
                 *self.keys.write() = keys;
+                // A token verified by a key that is gone must not pass from the cache.
+                self.cache.clear();
                 tracing::info!(path = %path.display(), keys = n, "identity keys reloaded");
                 true
             }
@@ -231,15 +188,6 @@ fn from_header(headers: &HeaderMap) -> Result<u64, IdentityError> {
         ))
 }
 
-fn user_claim(claims: &Claims, name: &str) -> Result<u64, IdentityError> {
-    let bad = IdentityError::Invalid("the token's user claim is not a positive integer");
-    match claims.rest.get(name) {
-        Some(serde_json::Value::String(s)) => parse_positive_id(s).ok_or(bad),
-        Some(serde_json::Value::Number(n)) => n.as_u64().filter(|v| *v > 0).ok_or(bad),
-        _ => Err(IdentityError::Invalid("the token has no user claim")),
-    }
-}
-
 fn load(cfg: &JwtConfig) -> Result<Keys, String> {
     let (path, jwks) = match &cfg.key {
         KeySource::File(p) => (p, false),
@@ -247,78 +195,14 @@ fn load(cfg: &JwtConfig) -> Result<Keys, String> {
     };
     let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let in_file = |e: String| format!("{}: {e}", path.display());
     let keys = if jwks {
-        let set: JwkSet = serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{} is not a JWKS document: {e}", path.display()))?;
-        let mut keys = Vec::new();
-        for jwk in &set.keys {
-            // Only signature keys: `use` other than `sig`, or `key_ops` without `verify`, are
-            // someone else's (encryption keys published in the same set).
-            let for_signatures = jwk
-                .common
-                .public_key_use
-                .as_ref()
-                .is_none_or(|u| matches!(u, jsonwebtoken::jwk::PublicKeyUse::Signature))
-                && jwk.common.key_operations.as_ref().is_none_or(|ops| {
-                    ops.iter()
-                        .any(|o| matches!(o, jsonwebtoken::jwk::KeyOperations::Verify))
-                });
-            if !for_signatures {
-                continue;
-            }
-            if let jsonwebtoken::jwk::AlgorithmParameters::OctetKey(oct) = &jwk.algorithm {
-                let len = base64::Engine::decode(
-                    &base64::engine::general_purpose::URL_SAFE_NO_PAD,
-                    oct.value.trim_end_matches('='),
-                )
-                .map_or(0, |b| b.len());
-                if len < 32 {
-                    return Err(format!(
-                        "{}: an HS256 key must be at least 32 bytes",
-                        path.display()
-                    ));
-                }
-            }
-            let key = DecodingKey::from_jwk(jwk)
-                .map_err(|e| format!("{}: a key does not load: {e}", path.display()))?;
-            let algorithm = jwk
-                .common
-                .key_algorithm
-                .and_then(|a| a.to_string().parse::<Algorithm>().ok());
-            keys.push(Key {
-                kid: jwk.common.key_id.clone(),
-                algorithm,
-                key,
-            });
-        }
-        keys
+        keys::from_jwks(&bytes).map_err(in_file)?
     } else {
-        let mut keys = Vec::new();
-        for alg in &cfg.algorithms {
-            let key = match alg {
-                Algorithm::HS256 => {
-                    let secret = trim_secret(&bytes);
-                    if secret.len() < 32 {
-                        return Err(format!(
-                            "{}: an HS256 secret must be at least 32 bytes",
-                            path.display()
-                        ));
-                    }
-                    DecodingKey::from_secret(secret)
-                }
-                Algorithm::RS256 => DecodingKey::from_rsa_pem(&bytes)
-                    .map_err(|e| format!("{}: not an RSA public key: {e}", path.display()))?,
-                Algorithm::ES256 => DecodingKey::from_ec_pem(&bytes)
-                    .map_err(|e| format!("{}: not an EC public key: {e}", path.display()))?,
-                other => return Err(format!("algorithm {other:?} is not supported")),
-            };
-            keys.push(Key {
-                kid: None,
-                algorithm: Some(*alg),
-                key,
-            });
-        }
-        keys
+        cfg.algorithms
+            .iter()
+            .map(|alg| keys::from_file(&bytes, *alg).map_err(in_file))
+            .collect::<Result<Vec<Key>, String>>()?
     };
     if keys.is_empty() {
         return Err(format!("{} holds no key", path.display()));
@@ -326,16 +210,6 @@ fn load(cfg: &JwtConfig) -> Result<Keys, String> {
     Ok(Keys { keys, modified })
 }
 
-/// A secret file's content without a trailing newline.
-fn trim_secret(bytes: &[u8]) -> &[u8] {
-    let mut end = bytes.len();
-    while end > 0 && matches!(bytes[end - 1], b'\n' | b'\r') {
-        end -= 1;
-    }
-    &bytes[..end]
-}
-
-/// Parses an algorithm name of `identity.algorithms`.
 /// The algorithms `identity.algorithms` may name. Anything else (`none`, the 384/512 variants,
 /// EdDSA) is a configuration error, and a token signed with it is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -343,16 +217,6 @@ pub enum JwtAlgorithm {
     HS256,
     RS256,
     ES256,
-}
-
-impl From<JwtAlgorithm> for Algorithm {
-    fn from(a: JwtAlgorithm) -> Algorithm {
-        match a {
-            JwtAlgorithm::HS256 => Algorithm::HS256,
-            JwtAlgorithm::RS256 => Algorithm::RS256,
-            JwtAlgorithm::ES256 => Algorithm::ES256,
-        }
-    }
 }
 
 #[cfg(test)]
@@ -374,32 +238,5 @@ mod tests {
         }
         let two = h(&[("x-user-id", "1"), ("x-user-id", "2")]);
         assert!(matches!(id.user(&two), Err(IdentityError::Invalid(_))));
-    }
-
-    #[test]
-    fn user_claims() {
-        let c = |v: serde_json::Value| Claims {
-            rest: serde_json::json!({ "sub": v }).as_object().unwrap().clone(),
-        };
-        assert_eq!(user_claim(&c(serde_json::json!("42")), "sub"), Ok(42));
-        assert_eq!(user_claim(&c(serde_json::json!(42)), "sub"), Ok(42));
-        for bad in [
-            serde_json::json!("0"),
-            serde_json::json!(0),
-            serde_json::json!(-1),
-            serde_json::json!("x"),
-            serde_json::json!(1.5),
-            serde_json::json!(null),
-        ] {
-            assert!(user_claim(&c(bad.clone()), "sub").is_err(), "{bad}");
-        }
-        assert!(user_claim(&c(serde_json::json!("1")), "uid").is_err());
-    }
-
-    #[test]
-    fn secrets_lose_their_trailing_newline() {
-        assert_eq!(trim_secret(b"abc\n"), b"abc");
-        assert_eq!(trim_secret(b"abc\r\n"), b"abc");
-        assert_eq!(trim_secret(b"abc"), b"abc");
     }
 }
