@@ -16,7 +16,7 @@ use crate::background::{KeyWatcher, RedisConnection, RuntimeSettings, SettingsRe
 use crate::config::{Config, StoreBackend};
 use crate::flag::{Flag, FlagState};
 use crate::gateway::admin::AdminApp;
-use crate::gateway::limits::ConnectionLimit;
+use crate::gateway::conn::{Bounds, ConnectionLimit};
 use crate::gateway::{AppState, Gateway};
 use crate::metrics::Metrics;
 use crate::store::{MemoryStore, QueueStore, RedisStore};
@@ -193,11 +193,18 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     }
 
     let app = pingora::proxy::http_proxy(&server.configuration, Gateway::new(state.clone()));
+    let c = &state.config.server;
     let limited = ConnectionLimit::new(
         app,
-        state.config.server.max_connections,
-        state.config.server.first_byte_timeout,
-        state.config.server.keepalive_idle,
+        c.max_connections,
+        Bounds {
+            first: c.first_byte_timeout,
+            idle: c.keepalive_idle,
+            stall: c.client_stall,
+            min_rate: c.min_client_rate,
+            max_headers: c.max_headers,
+            max_header_bytes: c.max_header_bytes,
+        },
         state.metrics.clone(),
     );
     let mut proxy = Service::new("proxy".to_string(), limited);

@@ -51,6 +51,8 @@ pub(super) fn server(s: &ServerSection) -> Result<ServerConfig, ConfigError> {
             1_048_575,
         )? as usize,
         max_headers: in_range("server.max_headers", s.max_headers, 8, 256)? as usize,
+        client_stall: millis("server.client_stall_ms", s.client_stall_ms, 100, 600_000)?,
+        min_client_rate: in_range("server.min_client_rate", s.min_client_rate, 1, 1 << 30)?,
     })
 }
 

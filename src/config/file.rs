@@ -138,6 +138,12 @@ pub struct ServerSection {
     pub max_header_bytes: u64,
     /// Header fields per request; more get 431.
     pub max_headers: u64,
+    /// During a request, the longest the gateway waits on the client without a byte moving (a
+    /// request body that stops coming, an answer it does not read).
+    pub client_stall_ms: u64,
+    /// During a request, the waits on the client add up to at most `client_stall_ms` plus the
+    /// bytes moved at this rate (bytes per second): a slower body or reader is cut off.
+    pub min_client_rate: u64,
 }
 
 impl Default for ServerSection {
@@ -154,6 +160,8 @@ impl Default for ServerSection {
             first_byte_timeout_ms: 10_000,
             max_header_bytes: 32 * 1024,
             max_headers: 100,
+            client_stall_ms: 10_000,
+            min_client_rate: 1024,
         }
     }
 }

@@ -66,6 +66,10 @@ pub struct ServerConfig {
     pub first_byte_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_headers: usize,
+    /// `server.client_stall_ms`.
+    pub client_stall: Duration,
+    /// `server.min_client_rate`, bytes per second.
+    pub min_client_rate: u64,
 }
 
 /// `[upstream]`: the unchanged backend.

@@ -17,10 +17,9 @@
 
 pub mod admin;
 pub mod api;
+pub mod conn;
 pub mod gate;
 pub mod hygiene;
-pub mod idle;
-pub mod limits;
 pub mod route;
 
 use std::future::Future;
@@ -41,7 +40,7 @@ use crate::identity::IdentityError;
 use crate::routing::{gated, path};
 use crate::store::QueueStore;
 use api::Reply;
-use idle::IdleBound;
+use conn::ClientStream;
 use route::RouteClass;
 
 pub use crate::app::AppState;
@@ -261,7 +260,17 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         // Bound the idle time of a connection Pingora keeps alive; never turn keep-alive back on
         // for one it closes (HTTP/1.0, `Connection: close`, ambiguous framing).
-        let bounded = IdleBound::of(session).map(IdleBound::busy).is_some();
+        let no_body = session.is_body_done();
+        let bounded = match ClientStream::of(session) {
+            Some(s) => {
+                s.busy();
+                if no_body {
+                    s.body_done();
+                }
+                true
+            }
+            None => false,
+        };
         if self
             .state
             .draining
@@ -279,6 +288,23 @@ impl ProxyHttp for Gateway {
                 self.state.config.server.keepalive_idle.as_secs()
             };
             session.set_keepalive(Some(idle_s));
+        }
+        Ok(())
+    }
+
+    /// The end of a proxied request's body: a read that waits from now on is the connection's
+    /// watch for a client that goes away, not a wait on the client (`conn::ClientStream`).
+    async fn request_body_filter(
+        &self,
+        session: &mut Session,
+        _body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        _ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if end_of_stream {
+            if let Some(s) = ClientStream::of(session) {
+                s.body_done();
+            }
         }
         Ok(())
     }
@@ -378,6 +404,10 @@ impl ProxyHttp for Gateway {
                 return self.reject(session, ctx, r).await;
             }
             ctx.upgrade = true;
+            // A tunnel from now on: its reads are not a request body the client owes.
+            if let Some(s) = ClientStream::of(session) {
+                s.body_done();
+            }
         }
         // The user, resolved once (a JWT is verified once per request).
         let identity = if self.state.identity.is_jwt() || gated.is_some() {
@@ -535,8 +565,8 @@ impl ProxyHttp for Gateway {
             self.release_claim(ctx).await;
         }
         let now = Instant::now();
-        if let Some(bound) = IdleBound::of(session) {
-            bound.idle_from(now);
+        if let Some(stream) = ClientStream::of(session) {
+            stream.idle_from(now);
         }
         let elapsed = now.saturating_duration_since(ctx.started);
         let class = ctx.class.as_str();

@@ -1,7 +1,8 @@
 //! A real HTTP/1.1 backend that records what it receives.
 //!
 //! It answers 200 with a small JSON echo by default. A test steers it per request with headers:
-//! `x-upstream-status: 409` answers that status, `x-upstream-delay-ms: 800` answers late.
+//! `x-upstream-status: 409` answers that status, `x-upstream-delay-ms: 800` answers late,
+//! `x-upstream-size: 8000000` answers a body of that many bytes.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -144,6 +145,8 @@ fn serve(conn: TcpStream, requests: Arc<Mutex<Vec<Recorded>>>) {
         // reading requests from it, as a backend that mis-handles an upgrade would).
         let body = if matches!(status, 101 | 204 | 304) {
             String::new()
+        } else if let Some(size) = req.header("x-upstream-size").and_then(|v| v.parse().ok()) {
+            "x".repeat(size)
         } else {
             body
         };
