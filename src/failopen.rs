@@ -275,20 +275,14 @@ impl Pacer {
         self.admit(target, user, None, now_ms, last_ok_ms)
     }
 
-    /// How long a ticket holder counts as waiting after it was last seen here: its polls go to
-    /// every replica in turn, one a tick while the store is down.
-    fn holder_stale_ms(&self) -> u64 {
-        let replicas = u64::from(self.replicas().max(2));
-        self.cfg.tick_ms.saturating_mul(replicas + 1)
-    }
-
     /// Whether `user` of `target` may be let through now; `seq` is the seq of its queue ticket,
     /// if it showed a valid one. Users who were waiting come first, lowest seq first: a ticket
-    /// holder is let through while fewer holders with a lower seq (seen lately, not yet let
-    /// through) wait than the tick's share has left; users without a ticket only get what the
-    /// holders left, in the second half of a tick (the holders poll at its start). Holders are
-    /// remembered from their first degraded poll on, also while this replica may not pace yet,
-    /// so the order holds from the first paced tick.
+    /// holder is let through while fewer holders with a lower seq, seen here within the last tick
+    /// and not let through, wait than the tick's share has left; users without a ticket only get
+    /// what the holders left, in the second half of a tick (degraded answers send holders back at
+    /// the next tick). A holder is remembered for one tick only: one that stopped polling may
+    /// have been let through by another replica or the pump, and must not hold the share back.
+    /// Holders are remembered also while this replica may not pace yet.
     pub fn admit(
         &self,
         target: QueueTarget,
@@ -312,7 +306,7 @@ impl Pacer {
         } else {
             Pace::Held
         };
-        let stale_ms = self.holder_stale_ms();
+        let stale_ms = self.cfg.tick_ms;
         let mut guard = self.budgets.lock();
         let budgets = &mut *guard;
         let table = &mut budgets.per_target;
