@@ -570,6 +570,10 @@ fn paced_admissions_go_to_ticket_holders_before_fresh_arrivals() {
         .collect();
     redis.pause();
     let paused = Instant::now();
+    let paused_epoch_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
     let stop = Arc::new(AtomicBool::new(false));
     // (time, user, seq or 0 for an attacker) of every DIRECT_ADMITTED answer.
     let admitted = Arc::new(parking_lot::Mutex::new(Vec::<(Duration, u64, u64)>::new()));
@@ -627,15 +631,25 @@ fn paced_admissions_go_to_ticket_holders_before_fresh_arrivals() {
         .filter(|a| Some(a.0) <= last_holder)
         .collect();
     let attackers_before = before_last.iter().filter(|a| a.2 == 0).count();
-    // Seq order among the holders let through: how many came before a lower seq.
-    let seqs: Vec<u64> = admitted.iter().filter(|a| a.2 > 0).map(|a| a.2).collect();
-    let inversions = seqs
+    // Seq order among the holders let through, tick by tick (within a tick a share is let
+    // through together): how many were let through in a later tick than a higher seq.
+    let tick_of = |a: &(Duration, u64, u64)| (paused_epoch_ms + a.0.as_millis() as u64) / 500;
+    let holders_in_order: Vec<(u64, u64)> = admitted
         .iter()
-        .enumerate()
-        .filter(|(i, s)| seqs[i + 1..].iter().any(|later| later < s))
+        .filter(|a| a.2 > 0)
+        .map(|a| (tick_of(a), a.2))
+        .collect();
+    let seqs: Vec<u64> = holders_in_order.iter().map(|h| h.1).collect();
+    let inversions = holders_in_order
+        .iter()
+        .filter(|(tick, seq)| {
+            holders_in_order
+                .iter()
+                .any(|(t, s)| t < tick && s > seq)
+        })
         .count();
     eprintln!(
-        "paced while Redis was paused: {} let through, {holders_in} of the 40 holders (the last {last_holder:?} into the pause), {attackers_before} attackers before that; {inversions} holders let through before a lower seq",
+        "paced while Redis was paused: {} let through, {holders_in} of the 40 holders (the last {last_holder:?} into the pause), {attackers_before} attackers before that; {inversions} holders let through a tick after a higher seq",
         admitted.len()
     );
     assert!(
