@@ -642,11 +642,7 @@ fn paced_admissions_go_to_ticket_holders_before_fresh_arrivals() {
     let seqs: Vec<u64> = holders_in_order.iter().map(|h| h.1).collect();
     let inversions = holders_in_order
         .iter()
-        .filter(|(tick, seq)| {
-            holders_in_order
-                .iter()
-                .any(|(t, s)| t < tick && s > seq)
-        })
+        .filter(|(tick, seq)| holders_in_order.iter().any(|(t, s)| t < tick && s > seq))
         .count();
     eprintln!(
         "paced while Redis was paused: {} let through, {holders_in} of the 40 holders (the last {last_holder:?} into the pause), {attackers_before} attackers before that; {inversions} holders let through a tick after a higher seq",
