@@ -29,8 +29,9 @@ const MAC_LEN: usize = 32;
 
 /// Spelled out rather than relying on `URL_SAFE_NO_PAD`'s defaults, because
 /// strictness is a security property here: padding and non-zero trailing bits
-/// would give one token several spellings, which the Kotlin side rejects.
-const B64: GeneralPurpose = GeneralPurpose::new(
+/// would give one token several spellings, which the Kotlin side rejects. (The
+/// bearer JWTs of `identity` are read the same way.)
+pub(crate) const B64: GeneralPurpose = GeneralPurpose::new(
     &alphabet::URL_SAFE,
     GeneralPurposeConfig::new()
         .with_encode_padding(false)
@@ -121,11 +122,17 @@ pub fn mint(keys: &TokenKeys, claims: &TokenClaims) -> String {
         claims.user_id,
         claims.expires_at
     );
+    signed(keys, &payload)
+}
+
+/// `base64url(payload) "." base64url(HMAC-SHA256(current key, payload))`.
+fn signed(keys: &TokenKeys, payload: &str) -> String {
     let tag = hmac::sign(&keys.current, payload.as_bytes());
-    let mut token = B64.encode(payload.as_bytes());
-    token.push('.');
-    B64.encode_string(tag.as_ref(), &mut token);
-    token
+    let mut out = String::with_capacity(payload.len().div_ceil(3) * 4 + 1 + 43);
+    B64.encode_string(payload.as_bytes(), &mut out);
+    out.push('.');
+    B64.encode_string(tag.as_ref(), &mut out);
+    out
 }
 
 /// Verifies format, MAC (constant-time via ring::hmac::verify, current then previous key) and expiry (`expires_at > now_epoch_secs`).
@@ -203,12 +210,7 @@ pub fn mint_ticket(keys: &TokenKeys, t: &TicketClaims) -> String {
         t.seq,
         t.expires_at
     );
-    let tag = hmac::sign(&keys.current, payload.as_bytes());
-    let mut ticket = String::with_capacity(payload.len().div_ceil(3) * 4 + 1 + 43);
-    B64.encode_string(payload.as_bytes(), &mut ticket);
-    ticket.push('.');
-    B64.encode_string(tag.as_ref(), &mut ticket);
-    ticket
+    signed(keys, &payload)
 }
 
 /// Verifies a queue ticket as [`verify`] does a token.

@@ -17,13 +17,12 @@
 
 use std::collections::HashMap;
 
-use base64::alphabet;
-use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine as _;
 use parking_lot::Mutex;
 
 use super::keys::{Key, Material};
 use super::{IdentityError, JwtAlgorithm, JwtConfig};
+use crate::token::B64;
 
 /// Longer bearer tokens are refused before any decoding.
 pub const MAX_TOKEN_LEN: usize = 8192;
@@ -33,14 +32,6 @@ const CACHE_FOR_S: u64 = 60;
 
 /// Tokens the cache holds at most; past it, expired entries go, then everything.
 const CACHE_ENTRIES: usize = 65_536;
-
-const B64: GeneralPurpose = GeneralPurpose::new(
-    &alphabet::URL_SAFE,
-    GeneralPurposeConfig::new()
-        .with_encode_padding(false)
-        .with_decode_padding_mode(DecodePaddingMode::RequireNone)
-        .with_decode_allow_trailing_bits(false),
-);
 
 /// Half the order of P-256, big-endian: a valid ES256 signature's `s` is at most this.
 const P256_HALF_ORDER: [u8; 32] = [
