@@ -227,8 +227,14 @@ impl RedisConnection {
         let store = &self.state.store;
         let mut ticker = tokio::time::interval(PROBE_EVERY);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut compacted_at = 0;
         loop {
             ticker.tick().await;
+            let now_s = crate::clock::now().epoch_ms / 1000;
+            if now_s != compacted_at {
+                compacted_at = now_s;
+                self.state.claims.compact_journal(now_s);
+            }
             if store.probe().await.is_err() || self.state.claims.pending_len() == 0 {
                 continue;
             }
@@ -258,7 +264,7 @@ impl RedisConnection {
                     "claims taken during the outage written to the store"
                 );
             }
-            self.state.claims.restore_pending(left).await;
+            self.state.claims.restore_pending(left);
         }
     }
 

@@ -173,7 +173,15 @@ struct Budget {
     /// let through yet: (seq, user) → when last seen (epoch ms). Kept across ticks; the lowest
     /// `MAX_HOLDERS` seqs only.
     holders: std::collections::BTreeMap<(u64, u64), u64>,
+    /// Users let through while pacing, in any tick, and until when they are remembered (epoch
+    /// ms): one who asks again gets through again without spending a later tick's share (the
+    /// same user's admission; a holder's ticket does not buy one a tick). At most
+    /// `MAX_REMEMBERED` per sale.
+    admitted: HashMap<u64, u64>,
 }
+
+/// How many users let through a replica remembers per sale while it paces.
+const MAX_REMEMBERED: usize = 65_536;
 
 /// How many ticket holders a replica remembers per sale: the lowest seqs, which are the next to
 /// be let through (a share's worth at most per tick).
@@ -330,6 +338,7 @@ impl Pacer {
             window,
             users: Default::default(),
             holders: Default::default(),
+            admitted: Default::default(),
         });
         // Windows only move forward: a request whose clock reading is older than the budget's
         // window (it waited on the store) spends the current window's budget, never reopens an
@@ -359,7 +368,10 @@ impl Pacer {
         let Some(share) = share else {
             return Pace::Held;
         };
-        if b.users.contains(&user) {
+        if b.users.contains(&user) || b.admitted.get(&user).is_some_and(|until| *until > now_ms) {
+            if let Some(key) = holder {
+                b.holders.remove(&key);
+            }
             return Pace::Admitted;
         }
         if b.users.len() >= share {
@@ -389,6 +401,13 @@ impl Pacer {
             budgets.strangers += 1;
         }
         b.users.insert(user);
+        if b.admitted.len() >= MAX_REMEMBERED {
+            b.admitted.retain(|_, until| *until > now_ms);
+        }
+        if b.admitted.len() < MAX_REMEMBERED {
+            b.admitted
+                .insert(user, now_ms.saturating_add(self.cfg.paced_for_ms));
+        }
         Pace::Admitted
     }
 
@@ -637,6 +656,23 @@ mod tests {
             p.try_admit(t(1), 3000, later + 1, 0),
             Pace::Admitted,
             "nobody holds a ticket"
+        );
+    }
+
+    #[test]
+    fn a_user_let_through_is_not_let_through_again_for_another_share() {
+        let p = cut_off(1000, 2, 1);
+        let tick = PACING - PACING % 1000 + 1000;
+        assert_eq!(p.admit(t(1), 5, Some(5), tick + 1, 0), Pace::Admitted);
+        // The next tick: the same user (replaying its ticket) is answered again, for free.
+        let next = tick + 1000;
+        assert_eq!(p.admit(t(1), 5, Some(5), next + 1, 0), Pace::Admitted);
+        assert_eq!(p.admit(t(1), 6, Some(6), next + 2, 0), Pace::Admitted);
+        assert_eq!(p.admit(t(1), 7, Some(7), next + 3, 0), Pace::Admitted);
+        assert_eq!(
+            p.admit(t(1), 8, Some(8), next + 4, 0),
+            Pace::Spent,
+            "two a tick"
         );
     }
 

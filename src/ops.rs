@@ -74,6 +74,22 @@ async fn write_setting(
     op: &str,
     items: &[(String, String)],
 ) -> Result<u64, OpsError> {
+    // Missing: a new deployment, or Redis lost it and the running replicas are about to write it
+    // back (the registry of replicas may be lost with it, so wait for them first).
+    let missing = |r: &crate::settings::Reading| r.version.is_none() && r.items.is_empty();
+    let mut reading = store
+        .read_doc(kind)
+        .await
+        .map_err(|e| OpsError::Store(e.to_string()))?;
+    let mut waited = Duration::ZERO;
+    while missing(&reading) && waited < crate::settings::BOOTSTRAP_AFTER + Duration::from_secs(1) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        waited += Duration::from_millis(500);
+        reading = store
+            .read_doc(kind)
+            .await
+            .map_err(|e| OpsError::Store(e.to_string()))?;
+    }
     let live = store
         .live_replicas(REPLICA_WINDOW)
         .await

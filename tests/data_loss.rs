@@ -251,6 +251,8 @@ fn spent_tokens_replayed_under_overload_never_reach_the_backend() {
         cfg
     };
     let (spender, flooded) = (GatewayProc::start(config()), GatewayProc::start(config()));
+    spender.wait_flag_known();
+    flooded.wait_flag_known();
     let exp = now_s() + 250;
     let tokens: Vec<(String, String)> = (1..=600u64)
         .map(|u| {

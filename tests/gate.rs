@@ -497,6 +497,11 @@ fn single_use_holds_across_instances_on_redis() {
             GatewayProc::start(cfg)
         })
         .collect();
+    // On an empty Redis the flag is unknown for a few seconds: every token is then checked
+    // against the store's (`settings.rs`).
+    for gw in &gws {
+        gw.wait_flag_known();
+    }
     let token = valid(9);
     assert_eq!(
         buy(&mut gws[0].client(), ORDERS, "9", Some(&token), &[]).status,
@@ -520,6 +525,7 @@ fn a_claim_outlives_its_token_by_the_clock_skew_allowance() {
     cfg.store.backend = StoreKind::Redis;
     cfg.store.redis_url = redis.url();
     let gw = GatewayProc::start(cfg);
+    gw.wait_flag_known();
     let token = token_for(TEST_SECRET, &format!("LIMITED_DROP|42|9|{}", now_s() + 3));
     assert_eq!(
         buy(&mut gw.client(), ORDERS, "9", Some(&token), &[]).status,

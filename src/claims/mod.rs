@@ -1,11 +1,12 @@
 //! The single-use claims a replica remembers (SPEC §6): the ones it took in Redis, and the ones
 //! it took alone while Redis was down.
 //!
-//! - A claim Redis recorded is remembered too (while there is room): a second use of the token on
-//!   this replica is refused even while Redis is down or after it lost the claim, and a replica
-//!   that finds Redis came back empty writes every claim it remembers back (`requeue_all`).
+//! - A claim Redis recorded is remembered too (while there is room), and journalled without
+//!   waiting: a second use of the token on this replica is refused even while Redis is down or
+//!   after it lost the claim, also after a restart from the same journal, and a replica that
+//!   finds Redis came back empty writes every claim it remembers back (`requeue_all`).
 //! - A claim taken while Redis is down (not merely slow: the gate answers 503 then) is kept here,
-//!   appended to the replica's journal on disk before the request is forwarded (`journal.rs`,
+//!   synced to the replica's journal on disk before the request is forwarded (`journal.rs`,
 //!   `fail_open.claims_file`), and written to Redis once it answers; a replica restarted from the
 //!   same journal still refuses those tokens and still writes them back.
 //!
@@ -49,7 +50,7 @@ struct Inner {
 struct Entry {
     /// Until when the claim holds (epoch seconds).
     until: u64,
-    /// Taken while the store was down (journalled), as opposed to recorded by the store.
+    /// Taken while the store was down, as opposed to recorded by the store.
     local: bool,
 }
 
@@ -69,8 +70,8 @@ impl Claims {
         Claims::default()
     }
 
-    /// Claims journalled to `journal`, starting with the unexpired claims it holds (taken before
-    /// a restart, still to be written to the store).
+    /// Claims journalled to `journal`, starting with the unexpired claims it holds (taken
+    /// before a restart: the local ones still to be written to the store).
     pub fn with_journal(journal: Journal, now_s: u64) -> Claims {
         let loaded = journal.loaded(now_s);
         let claims = Claims {
@@ -79,16 +80,17 @@ impl Claims {
         };
         {
             let mut c = claims.inner.lock();
-            for (target, id, until) in loaded {
-                c.table
-                    .insert((target, id.clone()), Entry { until, local: true });
-                c.pending.push((target, id, until));
+            for (target, id, until, local) in loaded {
+                c.table.insert((target, id.clone()), Entry { until, local });
+                if local {
+                    c.pending.push((target, id, until));
+                }
             }
         }
         claims
     }
 
-    /// How many claims the journal held at start (for the start-up log).
+    /// How many claims are still to be written to the store.
     pub fn pending_len(&self) -> usize {
         self.inner.lock().pending.len()
     }
@@ -103,20 +105,27 @@ impl Claims {
 
     /// Remembers a claim the store recorded (best effort: skipped when the table is full).
     pub fn remember_stored(&self, target: QueueTarget, id: &str, until: u64, now_s: u64) {
-        let mut c = self.inner.lock();
-        if c.make_room(now_s) {
-            c.table.insert(
-                (target, id.to_string()),
-                Entry {
-                    until,
-                    local: false,
-                },
-            );
+        let inserted = {
+            let mut c = self.inner.lock();
+            c.make_room(now_s)
+                && c.table
+                    .insert(
+                        (target, id.to_string()),
+                        Entry {
+                            until,
+                            local: false,
+                        },
+                    )
+                    .is_none()
+        };
+        if let (true, Some(journal)) = (inserted, &self.journal) {
+            journal.append(journal::Line::Stored(target, id, until));
         }
     }
 
     /// Takes a claim without the store: refused if this replica used the token already; else
-    /// journalled (when there is a journal: before this returns) and kept until written back.
+    /// journalled (when there is a journal: synced before this returns) and kept until written
+    /// back.
     pub async fn take_local(
         &self,
         target: QueueTarget,
@@ -138,7 +147,7 @@ impl Claims {
         }
         if let Some(journal) = &self.journal {
             if let Err(e) = journal
-                .append(journal::Line::Claim(target, id, until))
+                .append_synced(journal::Line::Local(target, id, until))
                 .await
             {
                 tracing::error!(error = %e, "cannot write the claims journal; the purchase waits");
@@ -150,22 +159,19 @@ impl Claims {
     }
 
     /// Gives a claim back (the backend did not process the request).
-    pub async fn release(&self, target: QueueTarget, id: &str) {
-        let was_local = self.forget(target, id);
-        if let (true, Some(journal)) = (was_local, &self.journal) {
+    pub fn release(&self, target: QueueTarget, id: &str) {
+        if let (true, Some(journal)) = (self.forget(target, id), &self.journal) {
             // If this line is lost, the token stays refused on this replica: never the reverse.
-            if let Err(e) = journal.append(journal::Line::Release(target, id)).await {
-                tracing::warn!(error = %e, "cannot write a release to the claims journal");
-            }
+            journal.append(journal::Line::Release(target, id));
         }
     }
 
-    /// Drops a claim; whether it was a local one.
+    /// Drops a claim; whether there was one.
     fn forget(&self, target: QueueTarget, id: &str) -> bool {
         let mut c = self.inner.lock();
         let removed = c.table.remove(&(target, id.to_string()));
         c.pending.retain(|(t, i, _)| !(*t == target && i == id));
-        removed.is_some_and(|e| e.local)
+        removed.is_some()
     }
 
     /// Takes the claims still to be written to the store (unexpired ones only).
@@ -176,19 +182,37 @@ impl Claims {
         out
     }
 
-    /// Puts back claims that could not be written yet; with none left, the journal is emptied
-    /// (every claim it held is in the store now).
-    pub async fn restore_pending(&self, claims: Vec<PendingClaim>) {
-        let empty = {
-            let mut c = self.inner.lock();
-            c.pending.extend(claims);
-            c.pending.is_empty()
+    /// Puts back claims that could not be written yet.
+    pub fn restore_pending(&self, claims: Vec<PendingClaim>) {
+        self.inner.lock().pending.extend(claims);
+    }
+
+    /// Rewrites the journal from what this replica remembers when it has grown well past that
+    /// (the background prober calls this now and then).
+    pub fn compact_journal(&self, now_s: u64) {
+        let Some(journal) = &self.journal else {
+            return;
         };
-        if let (true, Some(journal)) = (empty, &self.journal) {
-            if let Err(e) = journal.truncate().await {
-                tracing::warn!(error = %e, "cannot empty the claims journal");
+        let entries = {
+            let c = self.inner.lock();
+            if !journal.due_for_rewrite(c.table.len()) {
+                return;
             }
-        }
+            let pending: std::collections::HashSet<(QueueTarget, &str)> = c
+                .pending
+                .iter()
+                .map(|(t, id, _)| (*t, id.as_str()))
+                .collect();
+            c.table
+                .iter()
+                .filter(|(_, e)| e.until > now_s)
+                .map(|((t, id), e)| {
+                    let local = pending.contains(&(*t, id.as_str()));
+                    (*t, id.clone(), e.until, local)
+                })
+                .collect::<Vec<_>>()
+        };
+        journal.rewrite(&entries);
     }
 
     /// The store lost its data (it came back empty): every claim this replica remembers is to
@@ -206,8 +230,9 @@ impl Claims {
 }
 
 impl Inner {
-    /// Whether one more claim fits, purging expired ones (at most once a second) when full.
-    /// Remembered store claims give way to local ones: the store holds them.
+    /// Whether one more claim fits, purging expired ones (at most once a second) when full, and
+    /// then the tenth of the remembered store claims that expire first: the store holds them,
+    /// and the soonest to expire are the least likely to be used again.
     fn make_room(&mut self, now_s: u64) -> bool {
         if self.table.len() < MAX_CLAIMS {
             return true;
@@ -217,7 +242,18 @@ impl Inner {
             self.table.retain(|_, e| e.until > now_s);
             self.pending.retain(|(_, _, until)| *until > now_s);
             if self.table.len() >= MAX_CLAIMS {
-                self.table.retain(|_, e| e.local);
+                let mut stored: Vec<u64> = self
+                    .table
+                    .values()
+                    .filter(|e| !e.local)
+                    .map(|e| e.until)
+                    .collect();
+                if !stored.is_empty() {
+                    let k = (MAX_CLAIMS / 10).min(stored.len() - 1);
+                    let (_, cut, _) = stored.select_nth_unstable(k);
+                    let cut = *cut;
+                    self.table.retain(|_, e| e.local || e.until > cut);
+                }
             }
         }
         self.table.len() < MAX_CLAIMS
@@ -251,13 +287,13 @@ mod tests {
                 LocalClaim::AlreadyUsed
             );
             assert_eq!(c.take_local(t(2), "a", 100, 11).await, LocalClaim::Taken);
-            c.release(t(2), "a").await;
+            c.release(t(2), "a");
             assert!(!c.used_here(t(2), "a", 12));
             assert_eq!(c.pending_len(), 1);
             let p = c.take_pending(12);
             assert_eq!(p, vec![(t(1), "a".to_string(), 100)]);
             assert_eq!(c.pending_len(), 0);
-            c.restore_pending(p).await;
+            c.restore_pending(p);
             assert_eq!(c.pending_len(), 1);
             assert!(c.take_pending(200).is_empty(), "expired claims are dropped");
             assert_eq!(
@@ -282,7 +318,7 @@ mod tests {
             assert_eq!(c.pending_len(), 0);
             c.requeue_all(50);
             assert_eq!(c.take_pending(50), vec![(t(1), "a".to_string(), 100)]);
-            c.release(t(1), "a").await;
+            c.release(t(1), "a");
             assert!(!c.used_here(t(1), "a", 50), "given back");
         });
     }

@@ -127,7 +127,10 @@ pub async fn check(
             })
         }
         GateView::On { queued_since } => (queued_since, false),
-        GateView::Unknown => (None, true),
+        // Not known whether (or since when) the queue is on: as if it had just taken users in,
+        // so a token handed out while it may have been off passes only as the user's stored
+        // queue token, and none passes while the store cannot be asked.
+        GateView::Unknown => (Some(now.epoch_ms / 1000), true),
     };
     let token = match token {
         Some(t) => t,

@@ -124,11 +124,11 @@ impl Gateway {
     async fn release_claim(&self, ctx: &mut RequestCtx) {
         match ctx.claim.take() {
             Some(gate::Claim::Stored(target, id)) => {
-                self.state.claims.release(target, &id).await;
+                self.state.claims.release(target, &id);
                 // A failure is counted by the guard; the claim then expires with the token.
                 let _ = self.state.store.release(target, &id).await;
             }
-            Some(gate::Claim::Local(target, id)) => self.state.claims.release(target, &id).await,
+            Some(gate::Claim::Local(target, id)) => self.state.claims.release(target, &id),
             None => {}
         }
     }
@@ -260,7 +260,14 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         // Bound the idle time of a connection Pingora keeps alive; never turn keep-alive back on
         // for one it closes (HTTP/1.0, `Connection: close`, ambiguous framing).
-        let no_body = session.is_body_done();
+        // A body held back for `100 Continue` waits on the backend, not on the client: its
+        // reads are left to Pingora's own read timeout.
+        let continues = session
+            .req_header()
+            .headers
+            .get(http::header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        let no_body = session.is_body_done() || continues;
         let bounded = match ClientStream::of(session) {
             Some(s) => {
                 s.busy();

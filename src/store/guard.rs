@@ -169,7 +169,8 @@ impl StoreGuard {
 
     /// How long users of this replica could not heartbeat, for a sweep at `now_ms`: the outage
     /// or shedding episode in progress, or the last one if it ended less than `within_ms` ago
-    /// (0 otherwise). A poll this replica refused for saturation is no silence of the user's.
+    /// (0 otherwise). A poll this replica refused for saturation is no silence of the user's
+    /// (that credit is at most twice `within_ms`).
     /// The pumps do not count that time against them (this replica's share reaches the others'
     /// pumps through the instance registry).
     pub fn outage_credit_ms(&self, now_ms: u64, within_ms: u64) -> u64 {
@@ -192,7 +193,9 @@ impl StoreGuard {
             }
             _ => 0,
         };
-        outage.max(shed)
+        // Bounded: a replica kept shedding by a flood must not stop eviction everywhere for as
+        // long as the flood lasts (a user some of whose polls get through stays anyway).
+        outage.max(shed.min(within_ms.saturating_mul(2)))
     }
 
     /// Runs any other store work (the flag refresh) under the background policy.
@@ -516,6 +519,11 @@ mod tests {
         *guard.shedding.lock() = Some((now - 5_000, now - 100));
         let ongoing = guard.outage_credit_ms(now, 10_000);
         assert!((5_000..5_100).contains(&ongoing), "{ongoing}");
+        assert_eq!(
+            guard.outage_credit_ms(now, 2_000),
+            4_000,
+            "at most twice the timeout"
+        );
         // Ended 3 s ago after 2 s: credited for a heartbeat timeout after it.
         *guard.shedding.lock() = Some((now - 5_000, now - 3_000));
         assert_eq!(guard.outage_credit_ms(now, 10_000), 2_000);

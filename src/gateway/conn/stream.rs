@@ -100,6 +100,10 @@ pub struct Shared {
     body_done: AtomicBool,
     /// Bumped by every request: the stream starts its per-request accounting over.
     requests: AtomicU32,
+    /// Whether the bytes read between requests are the next request's header: not after a
+    /// request whose body was not read to its end (Pingora drains the rest after the answer),
+    /// until the next request starts.
+    watch_header: AtomicBool,
     evicted: AtomicBool,
     /// The task that last waited on this connection (an eviction wakes it).
     waker: parking_lot::Mutex<Option<Waker>>,
@@ -113,6 +117,10 @@ impl Shared {
     /// Since when the connection has waited on its client (fresh, idle, or stalled in a
     /// request), if it does.
     pub fn waiting_on_client_since(&self) -> Option<u64> {
+        if self.evicted.load(Ordering::Relaxed) {
+            // Already on its way out: another eviction would free nothing more.
+            return None;
+        }
         match self.idle_since.load(Ordering::Relaxed) {
             // A fresh connection's wait (from its accept) is kept where a stalled request's is.
             BUSY | FRESH => match self.stall_since.load(Ordering::Relaxed) {
@@ -188,6 +196,7 @@ impl ClientStream {
             stall_since: AtomicU64::new(NOT_WAITING),
             body_done: AtomicBool::new(false),
             requests: AtomicU32::new(0),
+            watch_header: AtomicBool::new(true),
             evicted: AtomicBool::new(false),
             waker: parking_lot::Mutex::new(None),
         });
@@ -236,6 +245,9 @@ impl ClientStream {
 
     /// The request ended at `now`: the connection idles from then.
     pub fn idle_from(&self, now: Instant) {
+        let s = &self.shared;
+        s.watch_header
+            .store(s.body_done.load(Ordering::Relaxed), Ordering::Relaxed);
         let nanos = now.saturating_duration_since(self.shared.origin).as_nanos();
         self.shared
             .stall_since
@@ -446,9 +458,10 @@ impl AsyncRead for ClientStream {
         match read {
             Poll::Ready(Ok(())) => {
                 let n = buf.filled().len() - before;
-                if this.shared.idle_since.load(Ordering::Relaxed) == BUSY {
+                let phase = this.shared.idle_since.load(Ordering::Relaxed);
+                if phase == BUSY {
                     this.moved(n);
-                } else {
+                } else if this.shared.watch_header.load(Ordering::Relaxed) {
                     if this.header.is_complete() {
                         this.header.reset();
                     }
@@ -545,6 +558,11 @@ impl AsyncWrite for ClientStream {
             return Poll::Ready(Err(e));
         }
         match Pin::new(&mut this.inner).poll_flush(cx) {
+            Poll::Ready(Ok(())) => {
+                // What was buffered went out: a wait on the client, if there was one, is over.
+                this.moved(0);
+                Poll::Ready(Ok(()))
+            }
             Poll::Pending if this.wait_expired(cx, true) => {
                 this.end(Ended::ClientStalled);
                 Poll::Ready(Err(ClientStream::stalled_error()))
