@@ -38,8 +38,9 @@ pub struct Claims {
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// (target, token id) → the claim.
-    table: HashMap<(QueueTarget, String), Entry>,
+    /// (target, token id) → the claim. The id (32 hex digits) is kept as the number it spells:
+    /// looking a claim up on the gate's path allocates nothing.
+    table: HashMap<(QueueTarget, u128), Entry, ahash::RandomState>,
     /// Claims not yet written to the store.
     pending: Vec<PendingClaim>,
     /// When expired claims were last purged (a full table is scanned at most once a second).
@@ -64,6 +65,19 @@ pub enum LocalClaim {
     Refused,
 }
 
+/// The table's key of a token id (the gate's ids are 32 hex digits; anything else is no claim).
+fn key(target: QueueTarget, id: &str) -> Option<(QueueTarget, u128)> {
+    if id.len() != 32 {
+        return None;
+    }
+    u128::from_str_radix(id, 16).ok().map(|n| (target, n))
+}
+
+/// The token id a table key stands for.
+fn hex(n: u128) -> String {
+    format!("{n:032x}")
+}
+
 impl Claims {
     /// Claims kept in memory only (no `fail_open.claims_file`).
     pub fn in_memory() -> Claims {
@@ -81,7 +95,10 @@ impl Claims {
         {
             let mut c = claims.inner.lock();
             for (target, id, until, local) in loaded {
-                c.table.insert((target, id.clone()), Entry { until, local });
+                let Some(k) = key(target, &id) else {
+                    continue;
+                };
+                c.table.insert(k, Entry { until, local });
                 if local {
                     c.pending.push((target, id, until));
                 }
@@ -97,20 +114,24 @@ impl Claims {
 
     /// Whether `id` was claimed through this replica and the claim still holds.
     pub fn used_here(&self, target: QueueTarget, id: &str, now_s: u64) -> bool {
+        let Some(k) = key(target, id) else {
+            return false;
+        };
         let c = self.inner.lock();
-        c.table
-            .get(&(target, id.to_string()))
-            .is_some_and(|e| e.until > now_s)
+        c.table.get(&k).is_some_and(|e| e.until > now_s)
     }
 
     /// Remembers a claim the store recorded (best effort: skipped when the table is full).
     pub fn remember_stored(&self, target: QueueTarget, id: &str, until: u64, now_s: u64) {
+        let Some(k) = key(target, id) else {
+            return;
+        };
         let inserted = {
             let mut c = self.inner.lock();
             c.make_room(now_s)
                 && c.table
                     .insert(
-                        (target, id.to_string()),
+                        k,
                         Entry {
                             until,
                             local: false,
@@ -133,16 +154,18 @@ impl Claims {
         until: u64,
         now_s: u64,
     ) -> LocalClaim {
+        let Some(k) = key(target, id) else {
+            return LocalClaim::Refused;
+        };
         {
             let mut c = self.inner.lock();
-            let key = (target, id.to_string());
-            if c.table.get(&key).is_some_and(|e| e.until > now_s) {
+            if c.table.get(&k).is_some_and(|e| e.until > now_s) {
                 return LocalClaim::AlreadyUsed;
             }
             if !c.make_room(now_s) {
                 return LocalClaim::Refused;
             }
-            c.table.insert(key, Entry { until, local: true });
+            c.table.insert(k, Entry { until, local: true });
             c.pending.push((target, id.to_string(), until));
         }
         if let Some(journal) = &self.journal {
@@ -168,9 +191,14 @@ impl Claims {
 
     /// Drops a claim; whether there was one.
     fn forget(&self, target: QueueTarget, id: &str) -> bool {
+        let Some(k) = key(target, id) else {
+            return false;
+        };
         let mut c = self.inner.lock();
-        let removed = c.table.remove(&(target, id.to_string()));
-        c.pending.retain(|(t, i, _)| !(*t == target && i == id));
+        let removed = c.table.remove(&k);
+        if removed.is_some_and(|e| e.local) {
+            c.pending.retain(|(t, i, _)| !(*t == target && i == id));
+        }
         removed.is_some()
     }
 
@@ -198,18 +226,15 @@ impl Claims {
             if !journal.due_for_rewrite(c.table.len()) {
                 return;
             }
-            let pending: std::collections::HashSet<(QueueTarget, &str)> = c
+            let pending: std::collections::HashSet<(QueueTarget, u128)> = c
                 .pending
                 .iter()
-                .map(|(t, id, _)| (*t, id.as_str()))
+                .filter_map(|(t, id, _)| key(*t, id))
                 .collect();
             c.table
                 .iter()
                 .filter(|(_, e)| e.until > now_s)
-                .map(|((t, id), e)| {
-                    let local = pending.contains(&(*t, id.as_str()));
-                    (*t, id.clone(), e.until, local)
-                })
+                .map(|(k, e)| (k.0, hex(k.1), e.until, pending.contains(k)))
                 .collect::<Vec<_>>()
         };
         journal.rewrite(&entries);
@@ -223,7 +248,7 @@ impl Claims {
             .table
             .iter()
             .filter(|(_, e)| e.until > now_s)
-            .map(|((t, id), e)| (*t, id.clone(), e.until))
+            .map(|((t, id), e)| (*t, hex(*id), e.until))
             .collect();
         c.pending = all;
     }
@@ -265,6 +290,8 @@ mod tests {
     use super::*;
     use crate::queue::TargetType;
 
+    const A: &str = "0123456789abcdef0123456789abcdef";
+
     fn t(id: u64) -> QueueTarget {
         QueueTarget::new(TargetType::LimitedDrop, id)
     }
@@ -281,23 +308,23 @@ mod tests {
     fn local_claims_are_single_use_and_pending_until_written() {
         block_on(async {
             let c = Claims::in_memory();
-            assert_eq!(c.take_local(t(1), "a", 100, 10).await, LocalClaim::Taken);
+            assert_eq!(c.take_local(t(1), A, 100, 10).await, LocalClaim::Taken);
             assert_eq!(
-                c.take_local(t(1), "a", 100, 11).await,
+                c.take_local(t(1), A, 100, 11).await,
                 LocalClaim::AlreadyUsed
             );
-            assert_eq!(c.take_local(t(2), "a", 100, 11).await, LocalClaim::Taken);
-            c.release(t(2), "a");
-            assert!(!c.used_here(t(2), "a", 12));
+            assert_eq!(c.take_local(t(2), A, 100, 11).await, LocalClaim::Taken);
+            c.release(t(2), A);
+            assert!(!c.used_here(t(2), A, 12));
             assert_eq!(c.pending_len(), 1);
             let p = c.take_pending(12);
-            assert_eq!(p, vec![(t(1), "a".to_string(), 100)]);
+            assert_eq!(p, vec![(t(1), A.to_string(), 100)]);
             assert_eq!(c.pending_len(), 0);
             c.restore_pending(p);
             assert_eq!(c.pending_len(), 1);
             assert!(c.take_pending(200).is_empty(), "expired claims are dropped");
             assert_eq!(
-                c.take_local(t(1), "a", 300, 150).await,
+                c.take_local(t(1), A, 300, 150).await,
                 LocalClaim::Taken,
                 "an expired claim no longer counts"
             );
@@ -308,18 +335,18 @@ mod tests {
     fn stored_claims_are_remembered_and_written_back_after_a_loss() {
         block_on(async {
             let c = Claims::in_memory();
-            c.remember_stored(t(1), "a", 100, 10);
-            assert!(c.used_here(t(1), "a", 50));
+            c.remember_stored(t(1), A, 100, 10);
+            assert!(c.used_here(t(1), A, 50));
             assert_eq!(
-                c.take_local(t(1), "a", 100, 50).await,
+                c.take_local(t(1), A, 100, 50).await,
                 LocalClaim::AlreadyUsed,
                 "spent here before the outage"
             );
             assert_eq!(c.pending_len(), 0);
             c.requeue_all(50);
-            assert_eq!(c.take_pending(50), vec![(t(1), "a".to_string(), 100)]);
-            c.release(t(1), "a");
-            assert!(!c.used_here(t(1), "a", 50), "given back");
+            assert_eq!(c.take_pending(50), vec![(t(1), A.to_string(), 100)]);
+            c.release(t(1), A);
+            assert!(!c.used_here(t(1), A, 50), "given back");
         });
     }
 }

@@ -63,6 +63,8 @@ pub struct HeaderFacts<'h> {
     /// A protected header (or a method override) is present spelled with underscores
     /// (`X_User_Id`): such fields are dropped before forwarding (`underscore_spelling`).
     pub underscored: bool,
+    /// `Expect: 100-continue`: the body waits for the backend's go-ahead.
+    pub expects_continue: bool,
     /// How many `X-Entry-Token` fields there are, and the first one's value.
     entry_tokens: usize,
     entry_token: Option<&'h HeaderValue>,
@@ -139,6 +141,8 @@ fn scan_fields(
             transfer_encoding = true;
         } else if name == header::UPGRADE {
             facts.upgrade = true;
+        } else if name == header::EXPECT {
+            facts.expects_continue |= value.as_bytes().eq_ignore_ascii_case(b"100-continue");
         } else if METHOD_OVERRIDE_HEADERS.contains(name) {
             facts.method_override = true;
         } else if let Some(i) = NEVER_FORWARDED.iter().position(|n| n == name) {

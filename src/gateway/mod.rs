@@ -260,20 +260,9 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         // Bound the idle time of a connection Pingora keeps alive; never turn keep-alive back on
         // for one it closes (HTTP/1.0, `Connection: close`, ambiguous framing).
-        // A body held back for `100 Continue` waits on the backend, not on the client: its
-        // reads are left to Pingora's own read timeout.
-        let continues = session
-            .req_header()
-            .headers
-            .get(http::header::EXPECT)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        let no_body = session.is_body_done() || continues;
         let bounded = match ClientStream::of(session) {
             Some(s) => {
                 s.busy();
-                if no_body {
-                    s.body_done();
-                }
                 true
             }
             None => false,
@@ -318,6 +307,7 @@ impl ProxyHttp for Gateway {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         let c = &self.state.config.server;
+        let no_body = session.is_body_done();
         let facts = match hygiene::scan(session.req_header(), c.max_header_bytes, c.max_headers) {
             Ok(facts) => facts,
             Err(hygiene::ScanError::TooLarge) => {
@@ -337,6 +327,14 @@ impl ProxyHttp for Gateway {
         };
         ctx.never_forwarded = facts.never_forwarded;
         ctx.underscored = facts.underscored;
+        // No body, or one held back for `100 Continue` (it waits on the backend, not on the
+        // client: its reads are left to Pingora's own read timeout): a read that waits from now
+        // on is no wait on the client.
+        if facts.expects_continue || no_body {
+            if let Some(s) = ClientStream::of(session) {
+                s.body_done();
+            }
+        }
         let req = session.req_header();
         let raw = req.raw_path();
         let absolute_form = is_absolute_form(raw);

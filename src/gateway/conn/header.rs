@@ -56,34 +56,47 @@ impl HeaderWatch {
         self
     }
 
-    /// Takes the next bytes read from the connection.
+    /// Takes the next bytes read from the connection. Line ends are found with `memchr`; a
+    /// `\r` before a line end does not count towards the line (a line of just `\r` is blank).
     pub fn feed(&mut self, data: &[u8]) -> Watch {
         if self.done {
             return Watch::Complete;
         }
-        for &b in data {
-            self.bytes = self.bytes.saturating_add(1);
-            match b {
-                b'\n' => {
-                    if self.line_len == 0 && self.lines > 0 {
-                        self.done = true;
-                        return Watch::Complete;
-                    }
-                    self.lines += 1;
-                    self.line_len = 0;
-                    if self.lines > self.max_lines {
-                        return Watch::TooLarge;
-                    }
-                }
-                b'\r' => {}
-                _ => self.line_len = self.line_len.saturating_add(1),
+        let mut start = 0;
+        for end in memchr::memchr_iter(b'\n', data) {
+            let line = &data[start..end];
+            let len =
+                self.line_len as usize + line.len() - usize::from(line.last() == Some(&b'\r'));
+            self.bytes = self.bytes.saturating_add(as_u32(end + 1 - start));
+            if len == 0 && self.lines > 0 {
+                self.done = true;
+                return if self.bytes > self.max_bytes {
+                    Watch::TooLarge
+                } else {
+                    Watch::Complete
+                };
             }
-            if self.bytes > self.max_bytes {
+            self.lines += 1;
+            self.line_len = 0;
+            if self.lines > self.max_lines || self.bytes > self.max_bytes {
                 return Watch::TooLarge;
             }
+            start = end + 1;
+        }
+        let rest = &data[start..];
+        self.bytes = self.bytes.saturating_add(as_u32(rest.len()));
+        // A `\r` at the end of a read may be the first half of a line end.
+        let counted = rest.len() - usize::from(rest.last() == Some(&b'\r'));
+        self.line_len = self.line_len.saturating_add(as_u32(counted));
+        if self.bytes > self.max_bytes {
+            return Watch::TooLarge;
         }
         Watch::Reading
     }
+}
+
+fn as_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

@@ -233,7 +233,11 @@ impl ClientStream {
         let s = &self.shared;
         s.body_done.store(false, Ordering::Relaxed);
         s.stall_since.store(NOT_WAITING, Ordering::Relaxed);
-        s.requests.fetch_add(1, Ordering::Relaxed);
+        // Only this connection's own task writes it: no atomic read-modify-write needed.
+        s.requests.store(
+            s.requests.load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Relaxed,
+        );
         s.idle_since.store(BUSY, Ordering::Relaxed);
     }
 
