@@ -13,6 +13,9 @@ use pingora::services::ServiceReadyNotifier;
 use parking_lot::Mutex;
 
 use crate::app::AppState;
+
+/// The owner recorded on a claim written back after an outage (any value but a purchase's own).
+const REPLAY_OWNER: &str = "replay";
 use crate::flag::FlagState;
 use crate::settings::{Doc, DocKind, Step, Tracker};
 use crate::store::RedisStore;
@@ -251,7 +254,7 @@ impl RedisConnection {
                 let ttl =
                     Duration::from_secs(expires_at.saturating_sub(now.epoch_ms / 1000).max(1));
                 match store
-                    .background("claim_replay", store.inner().claim(target, &id, ttl, now))
+                    .background("claim_replay", store.inner().claim(target, &id, REPLAY_OWNER, ttl, now))
                     .await
                 {
                     Ok(_) => written += 1,

@@ -124,7 +124,7 @@ async fn apply(s: &dyn QueueStore, op: &Op, now: Now) -> String {
             let ttl = Duration::from_secs(600);
             format!(
                 "{:?}",
-                s.claim(target(t), &format!("c{token}"), ttl, now)
+                s.claim(target(t), &format!("c{token}"), "o", ttl, now)
                     .await
                     .unwrap()
             )

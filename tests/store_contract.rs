@@ -141,7 +141,23 @@ contract!(
     sweep_evicts_stale_users_up_to_the_cap,
     stats_report_the_queue,
     active_targets_list_entered_targets,
+    a_claim_is_single_use_but_its_owner_may_ask_again,
 );
+
+/// A claim's owner is one purchase attempt: asking again (a retried call whose first reply was
+/// lost) answers true, anyone else false, and a released claim is free again.
+async fn a_claim_is_single_use_but_its_owner_may_ask_again(s: &dyn QueueStore) {
+    let ttl = std::time::Duration::from_secs(60);
+    let t = target(1);
+    assert!(s.claim(t, "tok", "a", ttl, now()).await.unwrap());
+    assert!(s.claim(t, "tok", "a", ttl, now()).await.unwrap(), "same owner");
+    assert!(!s.claim(t, "tok", "b", ttl, now()).await.unwrap(), "second use");
+    assert!(s.claim(t, "other", "b", ttl, now()).await.unwrap());
+    assert!(s.claim(target(2), "tok", "a", ttl, now()).await.unwrap(), "per target");
+    s.release(t, "tok").await.unwrap();
+    assert!(s.claim(t, "tok", "b", ttl, now()).await.unwrap(), "released");
+    assert!(!s.claim(t, "tok", "a", ttl, now()).await.unwrap());
+}
 
 async fn enter_is_ordered_and_idempotent(s: &dyn QueueStore) {
     let t = target(1);

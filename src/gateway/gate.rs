@@ -188,7 +188,7 @@ pub async fn check(
         error: ApiError::QueueUnavailable,
         reason,
     };
-    match state.store.claim(target, &id, ttl, now).await {
+    match claim_in_store(state, target, &id, ttl).await {
         Ok(true) => {
             state.claims.remember_stored(target, &id, held_until, now_s);
             Ok(Passed {
@@ -201,9 +201,9 @@ pub async fn check(
         // This replica is at its own limit while Redis answers: a local claim could not see a
         // use recorded in Redis, so the purchase waits instead (the token stays unused).
         Err(StoreError::Saturated) => Err(unconfirmed("claim_saturated")),
-        // Redis answered something lately (late replies included): it is slow, or this replica
-        // is overloaded, not down. A local claim would not see a use Redis recorded, so the
-        // purchase waits.
+        // Redis kept answering something (late replies included) but not this claim: it is
+        // slow, or this replica is overloaded, not down. A local claim would not see a use Redis
+        // recorded, so the purchase waits.
         Err(_)
             if state
                 .store
@@ -227,6 +227,53 @@ pub async fn check(
             LocalClaim::Refused => Err(unconfirmed("claims_full")),
         },
     }
+}
+
+/// The claim in the store, asked again while a call fails but the store was heard lately (a
+/// stall of a few hundred milliseconds, a reply lost to a reconnect): until it answers, until it
+/// has been silent for `down_after_ms` (down: the caller claims locally), or for at most twice
+/// that in all (slow: the caller answers 503). Every attempt carries this purchase's own owner
+/// id, so an attempt that reached Redis and lost its reply is not mistaken for a second use.
+async fn claim_in_store(
+    state: &AppState,
+    target: QueueTarget,
+    id: &str,
+    ttl: Duration,
+) -> Result<bool, StoreError> {
+    let owner = claim_owner();
+    let down_after = down_after_ms(state);
+    let started = crate::clock::now().epoch_ms;
+    loop {
+        let now = crate::clock::now();
+        let err = match state.store.claim(target, id, &owner, ttl, now).await {
+            Ok(claimed) => return Ok(claimed),
+            Err(e @ StoreError::Saturated) => return Err(e),
+            Err(e) => e,
+        };
+        let now_ms = crate::clock::now().epoch_ms;
+        if !state.store.heard_within(now_ms, down_after)
+            || now_ms.saturating_sub(started) >= 2 * down_after
+        {
+            return Err(err);
+        }
+        tokio::time::sleep(CLAIM_RETRY_PAUSE).await;
+    }
+}
+
+/// The pause between two attempts of one claim.
+const CLAIM_RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// A claim owner id unique to this purchase attempt: a random per-process prefix and a counter.
+fn claim_owner() -> String {
+    static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let prefix = *PREFIX.get_or_init(|| {
+        let mut b = [0u8; 8];
+        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+        u64::from_le_bytes(b)
+    });
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{prefix:016x}-{n:x}")
 }
 
 /// How long the store must have sent nothing before a claim is taken without it: four command

@@ -464,10 +464,11 @@ impl QueueStore for StoreGuard {
         &self,
         target: QueueTarget,
         token_id: &str,
+        owner: &str,
         ttl: Duration,
         now: Now,
     ) -> Result<bool, StoreError> {
-        let fut = self.inner.claim(target, token_id, ttl, now);
+        let fut = self.inner.claim(target, token_id, owner, ttl, now);
         self.run(Class::Gate, "claim", fut).await
     }
 

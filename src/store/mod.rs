@@ -272,12 +272,15 @@ pub trait QueueStore: Send + Sync + 'static {
         now: Now,
     ) -> Result<u64, StoreError>;
 
-    /// Claims a token for single use (`SET NX`, expiring with the token). False when it was
-    /// claimed already.
+    /// Claims a token for single use (`SET NX`, expiring with the token) on behalf of `owner`
+    /// (unique per purchase attempt). False when it was claimed already by another owner; true
+    /// again for the same owner, so a call retried after a lost or late reply does not take its
+    /// own claim for a second use.
     async fn claim(
         &self,
         target: QueueTarget,
         token_id: &str,
+        owner: &str,
         ttl: std::time::Duration,
         now: Now,
     ) -> Result<bool, StoreError>;

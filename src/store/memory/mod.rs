@@ -180,8 +180,8 @@ const CLAIM_SWEEP_AT: usize = 10_000;
 #[derive(Debug)]
 pub struct MemoryStore {
     targets: Mutex<Targets>,
-    /// Single-use claims: (target, token id) → expiry (epoch ms).
-    claims: Mutex<HashMap<(QueueTarget, String), u64>>,
+    /// Single-use claims: (target, token id) → (expiry (epoch ms), owner).
+    claims: Mutex<HashMap<(QueueTarget, String), (u64, String)>>,
     max_targets: usize,
     liveness: Liveness,
 }
@@ -535,19 +535,20 @@ impl QueueStore for MemoryStore {
         &self,
         target: QueueTarget,
         token_id: &str,
+        owner: &str,
         ttl: Duration,
         now: Now,
     ) -> Result<bool, StoreError> {
         let mut claims = self.claims.lock();
         if claims.len() >= CLAIM_SWEEP_AT {
-            claims.retain(|_, exp| *exp > now.epoch_ms);
+            claims.retain(|_, (exp, _)| *exp > now.epoch_ms);
         }
         let expires = now.epoch_ms.saturating_add(millis(ttl));
         let key = (target, token_id.to_string());
         match claims.get(&key) {
-            Some(exp) if *exp > now.epoch_ms => Ok(false),
+            Some((exp, held_by)) if *exp > now.epoch_ms => Ok(held_by == owner),
             _ => {
-                claims.insert(key, expires);
+                claims.insert(key, (expires, owner.to_string()));
                 Ok(true)
             }
         }

@@ -244,7 +244,7 @@ impl RedisStore {
     }
 
     /// `SET key value NX PX ttl` (through `setnx.lua`, which runs under maxmemory too): true when
-    /// this call set it, false when the key existed.
+    /// this call set it or the key holds `value` already, false when it holds another value.
     async fn set_nx_px(&self, key: String, value: &str, ttl: Duration) -> Result<bool, StoreError> {
         let ttl_ms = millis(ttl).max(1);
         let argv = vec![value.into(), ttl_ms.to_string().into()];
@@ -764,11 +764,12 @@ impl QueueStore for RedisStore {
         &self,
         target: QueueTarget,
         token_id: &str,
+        owner: &str,
         ttl: Duration,
         _now: Now,
     ) -> Result<bool, StoreError> {
         let key = TargetKeys::new(target).of(Key::Used(token_id));
-        self.set_nx_px(key, "1", ttl).await
+        self.set_nx_px(key, owner, ttl).await
     }
 
     async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError> {
