@@ -91,7 +91,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         epoch_ms: 1_800_000_000_000,
     };
     // One user first, so the fixed per-target keys are not counted per user.
-    store.enter(target, 1, now, u64::MAX).await?;
+    store.enter(target, 1, now).await?;
     let before = used_memory(port)?;
     let started = Instant::now();
     let chunk = 2_000u64;
@@ -101,7 +101,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let calls = (user..end).map(|u| {
             let store = store.clone();
             tokio::spawn(async move {
-                store.enter(target, u, now, u64::MAX).await?;
+                store.enter(target, u, now).await?;
                 let c = TokenCandidate {
                     token: "unused".into(),
                     expires_at: 1_800_000_300,
@@ -127,7 +127,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     // The heartbeat bitmap of the window the enters and polls fell in (as many windows stay
     // alive as a sweep reads: see src/store/liveness.rs).
-    let window = format!("alive:{}", Liveness::default().window(now.epoch_ms));
+    let liveness = Liveness::default();
+    let window = format!(
+        "alive:{}:{}",
+        liveness.window_ms(),
+        liveness.window(now.epoch_ms)
+    );
     for key in ["waiting", "queued", window.as_str(), "seqtime"] {
         let k = format!("queue:{{LIMITED_DROP:42}}:{key}");
         let bytes: f64 = redis(port, &["MEMORY", "USAGE", &k, "SAMPLES", "0"])?

@@ -9,33 +9,51 @@
 --
 -- KEYS[1..7] as in enter.lua (waiting, queued, seq, admitted_count, seqtime, waits, advances)
 -- KEYS[8]    queue:{T}:last_advance  STRING, Redis time (ms) of the last advance
--- ARGV[1] batch size, ARGV[2] min interval (ms), ARGV[3] key TTL (ms), ARGV[4] samples to keep
--- Reply: {outcome, admitted_count, newly admitted live users, waiting count[, ms until allowed]}
---   outcome: "ADVANCED" | "GUARDED" (too soon after the last advance; the 5th element says how
---   long until the next advance is allowed) | "IDLE" (nobody to admit)
+-- KEYS[9]    queue:{T}:sale          HASH: batchSize, tickMs, state (sale_write.lua), read here so
+--                                    that every replica's pump admits the sale's own budget
+-- ARGV[1] the part of the batch the caller may admit, in millionths (less than all of it while
+-- replicas that stopped registering may be pacing on their own), ARGV[2] key TTL (ms), ARGV[3]
+-- samples to keep, ARGV[4] and ARGV[5] the caller's default batchSize and tickMs (a sale that
+-- does not exist: lost with Redis' data)
+-- Reply: {outcome, admitted_count, newly admitted live users, waiting count, ms until allowed,
+--         the sale's batchSize, the sale's tickMs}
+--   outcome: "ADVANCED" | "GUARDED" (too soon after the last advance: 0.95 of the sale's tick;
+--   the 5th element says how long until the next advance is allowed) | "IDLE" (nobody to admit)
+--   | "PAUSED" (the sale's state is paused: nobody is admitted, everyone keeps their place)
 --
 -- `allow-oom`: under maxmemory this script still runs (Redis refuses plain writes then). It only
 -- refreshes or removes state of users already admitted to the waiting room, so a full Redis keeps
 -- the queue moving instead of failing it open; new enters (enter.lua, no allow-oom) are refused.
 
-local batch, min_interval, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local share_ppm, ttl = tonumber(ARGV[1]), ARGV[2]
+local sale = redis.call('HMGET', KEYS[9], 'batchSize', 'tickMs', 'state')
+local batch_size = tonumber(sale[1] or ARGV[4])
+local tick_ms = tonumber(sale[2] or ARGV[5])
+local batch = math.floor(batch_size * share_ppm / 1000000)
+local min_interval = math.floor(tick_ms * 0.95)
+local function reply(outcome, mark, admitted, waiting, retry)
+  return {outcome, mark, admitted, waiting, retry, batch_size, tick_ms}
+end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local mark = tonumber(redis.call('GET', KEYS[4]) or '0')
 local waiting = redis.call('ZCARD', KEYS[1])
+if sale[3] == 'paused' then
+  return reply('PAUSED', mark, 0, waiting, 0)
+end
 
 local last = tonumber(redis.call('GET', KEYS[8]) or '0')
 if now - last < min_interval then
-  return {'GUARDED', mark, 0, waiting, min_interval - (now - last)}
+  return reply('GUARDED', mark, 0, waiting, min_interval - (now - last))
 end
 
 local seq = tonumber(redis.call('GET', KEYS[3]) or '0')
 local above = string.format('(%d', mark)
 local live_above = redis.call('ZCOUNT', KEYS[1], above, '+inf')
-if live_above == 0 or mark >= seq then
-  return {'IDLE', mark, 0, waiting}
+if live_above == 0 or mark >= seq or batch <= 0 then
+  return reply('IDLE', mark, 0, waiting, 0)
 end
 
 local new_mark = seq
@@ -57,8 +75,9 @@ if lowest then
 end
 redis.call('SET', KEYS[8], string.format('%d', now), 'PX', ttl)
 redis.call('LPUSH', KEYS[7], string.format('%d:%d', now, new_mark))
-redis.call('LTRIM', KEYS[7], 0, tonumber(ARGV[4]) - 1)
+redis.call('LTRIM', KEYS[7], 0, tonumber(ARGV[3]) - 1)
 for i = 1, 7 do
   redis.call('PEXPIRE', KEYS[i], ttl)
 end
-return {'ADVANCED', new_mark, admitted, waiting}
+redis.call('PEXPIRE', KEYS[9], ttl, 'GT')
+return reply('ADVANCED', new_mark, admitted, waiting, 0)

@@ -17,10 +17,15 @@
 --                                    instead of a timestamp per user)
 -- KEYS[6] queue:{T}:waits           LIST of admission waits (ms)
 -- KEYS[7] queue:{T}:advances        LIST of "ms:admitted_count" samples
--- KEYS[8] queue:{T}:alive:{window}  bitmap by seq: heartbeats of the current window (the window
---                                    is the caller's: now / (heartbeat timeout / 4))
--- ARGV[1] now (ms), ARGV[2] capacity, ARGV[3] key TTL (ms), ARGV[4] TTL of a window's bitmap
--- (ms), ARGV[4+i] userId i
+-- KEYS[8] queue:{T}:sale            HASH: the sale's parameters (sale_write.lua): the capacity
+--                                    (maxCapacity) and the heartbeat window width (windowMs) are
+--                                    read from it, never from the caller, so replicas whose config
+--                                    files differ still apply one capacity and one window to a sale
+-- ARGV[1] now (ms), ARGV[2] key TTL (ms), ARGV[3..6] the caller's defaults for a sale that does
+-- not exist yet (batchSize, tickMs, maxCapacity, heartbeatTimeoutS): the first enter creates it
+-- with them (version 0, expiring with the target's keys), ARGV[6+i] userId i
+-- The heartbeats of the current window go to queue:{T}:alive:{windowMs}:{now / windowMs}, a bitmap
+-- by seq named here (same hash tag, same slot) because its name depends on the sale's width.
 -- A user's token (STRING "expiresAt|token") is at queue:{T}:token:{userId}, a key named here from
 -- KEYS[1]'s prefix rather than passed (it has KEYS[1]'s hash tag, so it is in the same cluster
 -- slot), and read only for the users not waiting: a user still waiting holds no token (issue.lua
@@ -41,13 +46,30 @@
 -- The `#!lua` shebang (no allow-oom flag) makes Redis refuse the whole script under maxmemory
 -- before it runs, instead of failing at its first write and keeping the writes before it.
 
-local now, capacity, ttl, window_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local n = #ARGV - 4
+local now, ttl = tonumber(ARGV[1]), ARGV[2]
+local n = #ARGV - 6
 local call = redis.call
 local users = {}
 for i = 1, n do
-  users[i] = ARGV[4 + i]
+  users[i] = ARGV[6 + i]
 end
+
+-- The sale: created from the caller's defaults by the first enter of a target nobody created.
+local sale_key = KEYS[8]
+local sale = call('HMGET', sale_key, 'maxCapacity', 'windowMs')
+local capacity, window_ms = tonumber(sale[1]), tonumber(sale[2])
+if not window_ms then
+  capacity = tonumber(ARGV[5])
+  window_ms = math.max(1, math.floor(tonumber(ARGV[6]) * 1000 / 4))
+  call('HSET', sale_key, 'batchSize', ARGV[3], 'tickMs', ARGV[4], 'maxCapacity', ARGV[5],
+    'heartbeatTimeoutS', ARGV[6], 'state', 'open', 'windowMs', string.format('%d', window_ms),
+    'windowSince', '0', 'version', '0', 'updatedAtMs', ARGV[1])
+  call('PEXPIRE', sale_key, ttl)
+end
+-- A window's bitmap lives past the last sweep that may read it (12 windows, sweep.lua).
+local window_ttl = string.format('%d', 14 * window_ms)
+local window_key = string.match(KEYS[1], '^(.*)waiting$') ..
+  string.format('alive:%d:%d', window_ms, math.floor(now / window_ms))
 
 local scores = call('ZMSCORE', KEYS[1], unpack(users))
 local token_prefix = string.match(KEYS[1], '^(.*)waiting$') .. 'token:'
@@ -156,8 +178,8 @@ for i = 1, n do
   end
 end
 if b > 0 then
-  call('BITFIELD', KEYS[8], unpack(beats))
-  call('PEXPIRE', KEYS[8], window_ttl, 'NX')
+  call('BITFIELD', window_key, unpack(beats))
+  call('PEXPIRE', window_key, window_ttl, 'NX')
 end
 
 if nfresh > 0 then
@@ -181,6 +203,8 @@ if nfresh > 0 then
     for k = 1, 7 do
       call('PEXPIRE', KEYS[k], ttl)
     end
+    -- GT: a sale an operator created (no expiry) keeps none; one an enter created lives on.
+    call('PEXPIRE', sale_key, ttl, 'GT')
   end
 end
 return out

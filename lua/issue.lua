@@ -5,9 +5,10 @@
 -- waiting set and the queued bitmap, records the wait, and refreshes the target's key TTL.
 --
 -- KEYS[1..7] the target's shared keys (as enter.lua), KEYS[8] queue:{T}:token:{userId},
--- KEYS[9] queue:{T}:alive:{window}
+-- KEYS[9] queue:{T}:sale (its windowMs names the heartbeat bitmap, as in poll.lua)
 -- ARGV[1] userId, ARGV[2] now (ms), ARGV[3] candidate "expiresAt|token", ARGV[4] token TTL (s),
--- ARGV[5] key TTL (ms), ARGV[6] how many wait samples to keep
+-- ARGV[5] key TTL (ms), ARGV[6] how many wait samples to keep, ARGV[7] the caller's default
+-- window width (ms), for a sale that does not exist
 -- Reply: {"ADMITTED", "expiresAt|token"[, waited ms when this call issued it]}
 --      | {"WAITING", seq, rank} | {"NONE"}
 --
@@ -26,7 +27,10 @@ if not seq then
 end
 if tonumber(seq) > tonumber(redis.call('GET', KEYS[4]) or '0') then
   -- Not admitted (the mark never moves back; kept for a caller that did not poll first).
-  redis.call('SETBIT', KEYS[9], seq, 1)
+  local window_ms = tonumber(redis.call('HGET', KEYS[9], 'windowMs') or ARGV[7])
+  local window_key = string.match(KEYS[1], '^(.*)waiting$') ..
+    string.format('alive:%d:%d', window_ms, math.floor(tonumber(now) / window_ms))
+  redis.call('SETBIT', window_key, seq, 1)
   return {'WAITING', seq, redis.call('ZRANK', KEYS[1], user)}
 end
 

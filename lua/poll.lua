@@ -8,8 +8,10 @@
 -- extend the target's key TTL: enter, every admission step (advance.lua) and issue.lua do, so a
 -- target with waiting users keeps its keys while its pump runs.
 --
--- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:admitted_count, KEYS[3] queue:{T}:alive:{window}
--- ARGV[i] userId i
+-- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:admitted_count, KEYS[3] queue:{T}:sale (its
+-- windowMs: the heartbeat window's width; the bitmap is queue:{T}:alive:{windowMs}:{now/windowMs})
+-- ARGV[1] now (ms), ARGV[2] the caller's default window width (a sale that does not exist: lost
+-- with Redis' data, until a replica writes it back), ARGV[2+i] userId i
 -- A user who is not waiting has its token read from queue:{T}:token:{userId}, a key named here
 -- from KEYS[1]'s prefix rather than passed: only such users (a few) need it, and passing every
 -- user's token key cost each call's users a key of ~35 bytes to send, parse and convert. It has
@@ -21,7 +23,15 @@
 -- refreshes state of users already in the waiting room, so a full Redis keeps the queue moving
 -- instead of failing it open; new enters (enter.lua, no allow-oom) are refused.
 
-local call, waiting, users = redis.call, KEYS[1], ARGV
+local call, waiting = redis.call, KEYS[1]
+local now = tonumber(ARGV[1])
+local users = {}
+for i = 3, #ARGV do
+  users[i - 2] = ARGV[i]
+end
+local window_ms = tonumber(call('HGET', KEYS[3], 'windowMs') or ARGV[2])
+local window_key = string.match(waiting, '^(.*)waiting$') ..
+  string.format('alive:%d:%d', window_ms, math.floor(now / window_ms))
 local scores = call('ZMSCORE', waiting, unpack(users))
 local token_prefix = string.match(waiting, '^(.*)waiting$') .. 'token:'
 local mark = tonumber(call('GET', KEYS[2]) or '0')
@@ -51,6 +61,6 @@ for i = 1, #users do
   end
 end
 if b > 0 then
-  call('BITFIELD', KEYS[3], unpack(beats))
+  call('BITFIELD', window_key, unpack(beats))
 end
 return out

@@ -13,23 +13,43 @@
 -- KEYS[1] queue:{T}:waiting   ZSET userId -> seq
 -- KEYS[2] queue:{T}:queued    bitmap by seq: 1 while that seq waits
 -- KEYS[3] queue:{T}:sweep     scratch bitmap, deleted before returning
--- KEYS[4..] queue:{T}:alive:{window}, oldest first; the last two are the current and next window
--- ARGV[1] max evictions, ARGV[2] TTL of a window's bitmap (ms)
+-- KEYS[4] queue:{T}:sale      HASH: heartbeatTimeoutS, windowMs, windowSince (sale_write.lua)
+-- ARGV[1] max evictions, ARGV[2] now (ms), ARGV[3] credit (ms): time in which some replica could
+-- not take its users' heartbeats (an outage, shedding), not held against them; ARGV[4] the
+-- caller's default heartbeat timeout (s), for a sale that does not exist (lost with Redis' data)
+-- The windows read are queue:{T}:alive:{windowMs}:{i}, named here from the sale's width (same
+-- hash tag, same slot): from the window holding the cutoff (now - timeout - credit) to the one
+-- after now's (a replica whose clock runs a little ahead). Nobody is evicted when that is more
+-- than 12 windows (a long credit), nor while the cutoff lies before windowSince (the width
+-- changed less than a timeout ago: the heartbeats before the change are in windows of the old
+-- width, which are not read); the last 12 windows are then read only to give their bitmaps
+-- their lifetime.
 -- Reply: number of users evicted
 --
 -- `allow-oom`: under maxmemory this script still runs (Redis refuses plain writes then). It only
 -- refreshes or removes state of users already admitted to the waiting room, so a full Redis keeps
 -- the queue moving instead of failing it open; new enters (enter.lua, no allow-oom) are refused.
 
-local max, window_ttl = tonumber(ARGV[1]), ARGV[2]
-
-local windows = {}
-for i = 4, #KEYS do
-  redis.call('PEXPIRE', KEYS[i], window_ttl, 'NX')
-  windows[#windows + 1] = KEYS[i]
+local max, now, credit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local sale = redis.call('HMGET', KEYS[4], 'heartbeatTimeoutS', 'windowMs', 'windowSince')
+local timeout_ms = tonumber(sale[1] or ARGV[4]) * 1000
+local window_ms = tonumber(sale[2]) or math.max(1, math.floor(timeout_ms / 4))
+local since = tonumber(sale[3] or '0')
+local window_ttl = string.format('%d', 14 * window_ms)
+local cutoff = now - timeout_ms - credit
+local first, last = math.floor(cutoff / window_ms), math.floor(now / window_ms) + 1
+if last - first >= 12 or cutoff < since then
+  first, max = last - 11, 0
 end
-redis.call('SET', KEYS[#KEYS - 1], '', 'PX', window_ttl, 'NX')
-redis.call('SET', KEYS[#KEYS], '', 'PX', window_ttl, 'NX')
+local prefix = string.match(KEYS[1], '^(.*)waiting$') .. string.format('alive:%d:', window_ms)
+local windows = {}
+for w = first, last do
+  local key = prefix .. string.format('%d', w)
+  redis.call('PEXPIRE', key, window_ttl, 'NX')
+  windows[#windows + 1] = key
+end
+redis.call('SET', windows[#windows - 1], '', 'PX', window_ttl, 'NX')
+redis.call('SET', windows[#windows], '', 'PX', window_ttl, 'NX')
 
 local queued_bytes = redis.call('STRLEN', KEYS[2])
 if queued_bytes == 0 or max <= 0 then

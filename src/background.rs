@@ -14,6 +14,9 @@ use parking_lot::Mutex;
 
 use crate::app::AppState;
 
+/// The most registered sales whose parameters a replica reads (and writes back) per refresh.
+const MAX_SALES_REFRESHED: usize = 10_000;
+
 /// The owner recorded on a claim written back after an outage (any value but a purchase's own).
 const REPLAY_OWNER: &str = "replay";
 use crate::flag::FlagState;
@@ -42,6 +45,9 @@ pub struct SettingsRefresher {
     /// Problems already logged (bad flag fields, invalid registry members), so each is logged
     /// when it appears rather than every second.
     reported: Mutex<(Vec<String>, Vec<String>)>,
+    /// The registered sales' parameters as last read (`queue:{T}:sale`), written back when Redis
+    /// lost them or holds an older version.
+    sales: Mutex<std::collections::HashMap<crate::queue::QueueTarget, crate::sale::Sale>>,
 }
 
 impl SettingsRefresher {
@@ -52,16 +58,71 @@ impl SettingsRefresher {
             defaults,
             flag: Default::default(),
             targets: Default::default(),
+            sales: Default::default(),
             reported: Default::default(),
         }
     }
 
-    /// Reads every document once and acts on what it found.
+    /// Reads every document once and acts on what it found. The registered sales are read in
+    /// either `queue.targets` mode: they are also the list of sales whose parameters are written
+    /// back after a data loss.
     pub async fn pass(&self) {
         self.refresh(DocKind::Flag).await;
-        if self.state.registry.mode() == crate::registry::TargetsMode::Registered {
-            self.refresh(DocKind::Targets).await;
+        self.refresh(DocKind::Targets).await;
+        self.refresh_sales().await;
+    }
+
+    /// Reads each registered sale's parameters, remembers them, and writes back what it
+    /// remembers when Redis lost a sale or holds an older version of it (restarted empty, failed
+    /// over to a replica that missed the change): a Redis that comes back empty neither deletes
+    /// a sale nor resets its budget. A sale deleted by an operator is unregistered first, so no
+    /// replica brings it back.
+    async fn refresh_sales(&self) {
+        use crate::store::QueueStore;
+        let registered: Vec<crate::queue::QueueTarget> = match self.targets.lock().known() {
+            Some(doc) => doc
+                .items
+                .iter()
+                .filter_map(|(m, _)| crate::queue::QueueTarget::parse_key(m))
+                .take(MAX_SALES_REFRESHED)
+                .collect(),
+            None => return,
+        };
+        let store = &self.state.store;
+        for &target in &registered {
+            let Ok(read) = store.sale(target).await else {
+                // Counted by the guard; the remembered sales stay.
+                return;
+            };
+            let known = self.sales.lock().get(&target).cloned();
+            let lost = match (&read, &known) {
+                (None, Some(k)) => Some(k.clone()),
+                (Some(r), Some(k)) if r.version < k.version => Some(k.clone()),
+                _ => None,
+            };
+            let Some(known) = lost else {
+                if let Some(r) = read {
+                    self.sales.lock().insert(target, r);
+                }
+                continue;
+            };
+            self.state
+                .metrics
+                .data_loss
+                .with_label_values(&["sale"])
+                .inc();
+            tracing::error!(%target, version = known.version, "Redis lost a sale's parameters (restarted empty, failed over, or flushed); writing back the last ones read");
+            match store.restore_sale(target, &known).await {
+                Ok(stored) => {
+                    tracing::info!(%target, version = stored.version, "sale written back");
+                    self.sales.lock().insert(target, stored);
+                }
+                Err(e) => {
+                    tracing::warn!(%target, error = %e, "writing a sale back failed; trying again at the next refresh")
+                }
+            }
         }
+        self.sales.lock().retain(|t, _| registered.contains(t));
     }
 
     fn tracker(&self, kind: DocKind) -> &Mutex<Tracker> {
@@ -254,7 +315,10 @@ impl RedisConnection {
                 let ttl =
                     Duration::from_secs(expires_at.saturating_sub(now.epoch_ms / 1000).max(1));
                 match store
-                    .background("claim_replay", store.inner().claim(target, &id, REPLAY_OWNER, ttl, now))
+                    .background(
+                        "claim_replay",
+                        store.inner().claim(target, &id, REPLAY_OWNER, ttl, now),
+                    )
                     .await
                 {
                     Ok(_) => written += 1,

@@ -1,5 +1,5 @@
 //! The command line (clap): `serve`, `check-config`, `flag show|set`, `target add|remove|list`,
-//! `simulate`, `record-backend`.
+//! `sale create|set|show|list|pause|resume|delete`, `simulate`, `record-backend`.
 
 use std::path::PathBuf;
 
@@ -39,6 +39,12 @@ pub enum Command {
         #[command(subcommand)]
         action: TargetAction,
     },
+    /// Create, change, pause, resume, show or delete sales: each sale's own budget, tick,
+    /// capacity and heartbeat timeout, in Redis (every replica follows at its next tick).
+    Sale {
+        #[command(subcommand)]
+        action: SaleAction,
+    },
     /// Rehearse a sale start against a gateway or load balancer URL: spike, polls, purchases;
     /// writes report.json and chart.svg and prints a summary.
     Simulate(Box<crate::sim::SimArgs>),
@@ -69,6 +75,55 @@ pub enum TargetAction {
     List {
         #[arg(long, short)]
         config: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SaleAction {
+    /// Create a sale, e.g. `sale create -c gw.toml LIMITED_DROP:42 batchSize=50 tickMs=1000`
+    /// (fields: batchSize, tickMs, maxCapacity, heartbeatTimeoutS, state; the file's `[queue]`
+    /// for those not given). Refused if the sale exists.
+    Create {
+        #[arg(long, short)]
+        config: PathBuf,
+        target: String,
+        fields: Vec<String>,
+    },
+    /// Change fields of an existing sale (field=value ...).
+    Set {
+        #[arg(long, short)]
+        config: PathBuf,
+        target: String,
+        fields: Vec<String>,
+    },
+    /// Show a sale with its live figures.
+    Show {
+        #[arg(long, short)]
+        config: PathBuf,
+        target: String,
+    },
+    /// List the sales.
+    List {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Stop admitting (users keep their places).
+    Pause {
+        #[arg(long, short)]
+        config: PathBuf,
+        target: String,
+    },
+    /// Admit again.
+    Resume {
+        #[arg(long, short)]
+        config: PathBuf,
+        target: String,
+    },
+    /// Delete a sale, its queue and its registration.
+    Delete {
+        #[arg(long, short)]
+        config: PathBuf,
+        target: String,
     },
 }
 

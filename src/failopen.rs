@@ -131,6 +131,10 @@ pub struct Pacer {
     replicas: AtomicU32,
     registration: Mutex<Registration>,
     budgets: Mutex<Budgets>,
+    /// Each sale's batch and tick (ms) as the pump's last admission step read them from the
+    /// sale's hash: a share is a part of this file's batch per this file's tick, applied to the
+    /// sale's own budget (`share_for`). Bounded like the budgets.
+    sales: Mutex<HashMap<QueueTarget, (u32, u64)>>,
 }
 
 /// This replica's standing in the instance registry, as far as it knows.
@@ -209,7 +213,34 @@ impl Pacer {
             replicas: AtomicU32::new(0),
             registration: Mutex::new(Registration::default()),
             budgets: Mutex::new(Budgets::default()),
+            sales: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Records a sale's batch and tick as read from its hash (the pump, at each admission step).
+    pub fn set_sale(&self, target: QueueTarget, batch: u32, tick_ms: u64) {
+        let mut sales = self.sales.lock();
+        if sales.len() >= MAX_PACED_TARGETS && !sales.contains_key(&target) {
+            let known = self.budgets.lock().known.clone();
+            sales.retain(|t, _| known.contains(t));
+            if sales.len() >= MAX_PACED_TARGETS {
+                return;
+            }
+        }
+        sales.insert(target, (batch, tick_ms.max(1)));
+    }
+
+    /// `share` (a part of this file's batch per this file's tick) of `target`'s own budget per
+    /// this file's tick: share × (the sale's batch per ms) / (this file's batch per ms), rounded
+    /// down, so the shares of every replica still add up to at most the sale's budget. A sale
+    /// the pump never read is paced by this file's batch.
+    fn share_for(&self, target: QueueTarget, share: u32) -> usize {
+        let Some((batch, tick_ms)) = self.sales.lock().get(&target).copied() else {
+            return share as usize;
+        };
+        let num = u128::from(share) * u128::from(batch) * u128::from(self.cfg.tick_ms);
+        let den = u128::from(self.cfg.batch.max(1)) * u128::from(tick_ms);
+        usize::try_from(num / den).unwrap_or(usize::MAX)
     }
 
     pub fn config(&self) -> &PacerConfig {
@@ -303,7 +334,7 @@ impl Pacer {
         // The store answered in this tick: the pump may have admitted its batch in it.
         let answered = last_ok_ms > 0 && window <= last_ok_ms / self.cfg.tick_ms;
         let share = match self.paced_share(now_ms) {
-            Some(share) if share > 0 && !answered => Some(share as usize),
+            Some(share) if share > 0 && !answered => Some(self.share_for(target, share)),
             _ => None,
         };
         if share.is_none() && seq.is_none() {

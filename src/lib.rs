@@ -22,6 +22,8 @@
 //! - `headers`  — strict reading of single-valued request headers, used by every reader.
 //! - `identity` — who the user is: `X-User-Id` from a trusted load balancer, or a verified JWT.
 //! - `registry` — which targets may have a queue (`any` or `registered`).
+//! - `sale`     — a sale's parameters (the one source of truth is its hash in Redis, read by the
+//!   scripts): parsing, validation, merging. No I/O.
 //! - `settings` — the run-time settings in Redis (flag, registered sales) as versioned documents:
 //!   adopted, or written back when Redis lost them. No I/O.
 //! - `queue`    — pure domain: targets, positions, ETA, response JSON, the per-replica stats cache.
@@ -75,6 +77,7 @@ pub mod pump;
 pub mod queue;
 pub mod registry;
 pub mod routing;
+pub mod sale;
 pub mod server;
 pub mod settings;
 pub mod sim;

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use vq_gateway::cli::{Cli, Command, FlagAction, OnOff, TargetAction};
+use vq_gateway::cli::{Cli, Command, FlagAction, OnOff, SaleAction, TargetAction};
 use vq_gateway::config::Config;
 use vq_gateway::ops::{self, FlagChange, OpsError};
 use vq_gateway::{logging, server};
@@ -34,6 +34,7 @@ fn main() -> ExitCode {
         },
         Command::Flag { action } => flag(action),
         Command::Target { action } => target(action),
+        Command::Sale { action } => sale(action),
         Command::Simulate(args) => match vq_gateway::sim::run(*args) {
             Ok(report) => {
                 print!("{}", report.summary());
@@ -132,6 +133,35 @@ fn target(action: TargetAction) -> ExitCode {
         }
     };
     report(ops::target(&config, change))
+}
+
+fn sale(action: SaleAction) -> ExitCode {
+    use vq_gateway::ops::SaleCommand;
+    let (path, command) = match action {
+        SaleAction::Create {
+            config,
+            target,
+            fields,
+        } => (config, SaleCommand::Create(target, fields)),
+        SaleAction::Set {
+            config,
+            target,
+            fields,
+        } => (config, SaleCommand::Set(target, fields)),
+        SaleAction::Show { config, target } => (config, SaleCommand::Show(target)),
+        SaleAction::List { config } => (config, SaleCommand::List),
+        SaleAction::Pause { config, target } => (config, SaleCommand::Pause(target)),
+        SaleAction::Resume { config, target } => (config, SaleCommand::Resume(target)),
+        SaleAction::Delete { config, target } => (config, SaleCommand::Delete(target)),
+    };
+    let config = match Config::load(&path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vq-gateway: {}: {e}", path.display());
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    report(ops::sale(&config, &command))
 }
 
 /// Prints an ops command's output, or its error with the exit code it deserves.

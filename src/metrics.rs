@@ -73,7 +73,8 @@ pub struct Metrics {
     /// (the first request's header did not arrive in full within `server.first_byte_timeout_ms`).
     pub refused_connections: IntCounterVec,
     /// `virtual_queue_store_data_loss_total{state}`: run-time settings documents (`flag`,
-    /// `targets`) found missing or older than this replica had read them (`settings.rs`): Redis
+    /// `targets`) and sales (`sale`) found missing or older than this replica had read them
+    /// (`settings.rs`, `background.rs`): Redis
     /// restarted empty, failed over to a replica that missed writes, or was flushed.
     pub data_loss: IntCounterVec,
     /// `virtual_queue_flag_known`: 1 once this replica knows the run-time flag (read from Redis,

@@ -1,5 +1,7 @@
 //! `vq-gateway flag show|set`: the ops toggle (SPEC §7). Reads and writes the same `queue:flag`
 //! hash every instance refreshes from, so a change is live everywhere within 3 s, no deploy.
+//! `target add|remove|list` and `sale create|set|show|list|pause|resume|delete`: the registered
+//! sales and each sale's own parameters, in Redis too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,8 +9,9 @@ use std::time::Duration;
 use crate::config::{redact_url, Config, StoreBackend};
 use crate::flag::{FlagState, FLAG_KEY, QUEUED_SINCE};
 use crate::queue::QueueTarget;
+use crate::sale::{Sale, SaleDefaults, SalePatch, SaleState};
 use crate::settings::DocKind;
-use crate::store::{QueueStore, RedisStore};
+use crate::store::{QueueStore, RedisStore, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {
@@ -46,7 +49,9 @@ async fn connect(config: &Config) -> Result<Arc<RedisStore>, OpsError> {
         return Err(OpsError::NotRedis);
     };
     let store = Arc::new(
-        RedisStore::new(url, Duration::from_secs(2)).map_err(|e| OpsError::Store(e.to_string()))?,
+        RedisStore::new(url, Duration::from_secs(2))
+            .map_err(|e| OpsError::Store(e.to_string()))?
+            .with_sale_defaults(SaleDefaults::from_config(&config.queue)),
     );
     if !store.connect(CONNECT_WITHIN).await {
         return Err(OpsError::Unreachable(redact_url(url), CONNECT_WITHIN));
@@ -274,5 +279,183 @@ pub fn target(config: &Config, change: Option<(&str, bool)>) -> Result<String, O
             }
         }
         Ok(out)
+    })
+}
+
+/// What `sale …` does.
+#[derive(Debug, Clone)]
+pub enum SaleCommand {
+    /// Creates a sale (refused if it exists) with the given fields, the file's `[queue]` for the
+    /// others.
+    Create(String, Vec<String>),
+    /// Changes fields of an existing sale.
+    Set(String, Vec<String>),
+    Show(String),
+    List,
+    Pause(String),
+    Resume(String),
+    Delete(String),
+}
+
+fn sale_target(s: &str) -> Result<QueueTarget, OpsError> {
+    QueueTarget::parse_key(s).ok_or_else(|| {
+        OpsError::Usage(format!(
+            "`{s}` is not TYPE:ID (e.g. LIMITED_DROP:42: the type in capitals, the id without leading zeros)"
+        ))
+    })
+}
+
+/// `field=value` arguments as a sale change.
+fn sale_patch(fields: &[String]) -> Result<SalePatch, OpsError> {
+    let mut patch = SalePatch::default();
+    for f in fields {
+        let (name, value) = f
+            .split_once('=')
+            .ok_or_else(|| OpsError::Usage(format!("`{f}` is not field=value")))?;
+        patch
+            .set(name, value)
+            .map_err(|e| OpsError::Usage(e.to_string()))?;
+    }
+    Ok(patch)
+}
+
+fn store_failed(e: StoreError) -> OpsError {
+    OpsError::Store(e.to_string())
+}
+
+/// One sale as `sale show` prints it.
+fn sale_line(target: QueueTarget, sale: &Sale) -> String {
+    format!(
+        "{target}: {} batchSize={} tickMs={} maxCapacity={} heartbeatTimeoutS={} (version {})",
+        sale.state.as_str(),
+        sale.batch_size,
+        sale.tick_ms,
+        sale.max_capacity,
+        sale.heartbeat_timeout_s,
+        sale.version
+    )
+}
+
+/// `sale create|set|show|list|pause|resume|delete`: the sales' own parameters in Redis
+/// (`queue:{TYPE:ID}:sale`), which every replica's scripts read, and their registration.
+pub fn sale(config: &Config, command: &SaleCommand) -> Result<String, OpsError> {
+    runtime()?.block_on(async {
+        let store = connect(config).await?;
+        let store = store.as_ref();
+        let now = crate::clock::now();
+        let change = |target: QueueTarget, patch: SalePatch| async move {
+            let sale = store
+                .put_sale(target, &patch, now)
+                .await
+                .map_err(store_failed)?;
+            write_setting(
+                store,
+                DocKind::Targets,
+                "add",
+                &[(target.to_string(), String::new())],
+            )
+            .await?;
+            Ok::<_, OpsError>(sale_line(target, &sale))
+        };
+        match command {
+            SaleCommand::Create(t, fields) => {
+                let target = sale_target(t)?;
+                let patch = sale_patch(fields)?;
+                if let Some(existing) = store.sale(target).await.map_err(store_failed)? {
+                    if existing.version > 0 {
+                        return Err(OpsError::Usage(format!(
+                            "{target} exists (version {}); change it with `sale set`",
+                            existing.version
+                        )));
+                    }
+                }
+                change(target, patch).await
+            }
+            SaleCommand::Set(t, fields) => {
+                let target = sale_target(t)?;
+                let patch = sale_patch(fields)?;
+                if patch == SalePatch::default() {
+                    return Err(OpsError::Usage("nothing to set: give field=value".into()));
+                }
+                if store.sale(target).await.map_err(store_failed)?.is_none() {
+                    return Err(OpsError::Usage(format!(
+                        "no sale {target}; create it with `sale create`"
+                    )));
+                }
+                change(target, patch).await
+            }
+            SaleCommand::Pause(t) | SaleCommand::Resume(t) => {
+                let target = sale_target(t)?;
+                let state = if matches!(command, SaleCommand::Pause(_)) {
+                    SaleState::Paused
+                } else {
+                    SaleState::Open
+                };
+                if store.sale(target).await.map_err(store_failed)?.is_none() {
+                    return Err(OpsError::Usage(format!("no sale {target}")));
+                }
+                let patch = SalePatch {
+                    state: Some(state),
+                    ..SalePatch::default()
+                };
+                change(target, patch).await
+            }
+            SaleCommand::Show(t) => {
+                let target = sale_target(t)?;
+                match store.sale(target).await.map_err(store_failed)? {
+                    Some(sale) => {
+                        let stats = store.stats(target, now).await.map_err(store_failed)?;
+                        Ok(format!(
+                            "{}\nwaiting {} admitted {} admission rate {:.2}/s",
+                            sale_line(target, &sale),
+                            stats.waiting_count,
+                            stats.admitted_count,
+                            stats.admission_rate_per_sec
+                        ))
+                    }
+                    None => Err(OpsError::Usage(format!("no sale {target}"))),
+                }
+            }
+            SaleCommand::List => {
+                let registered = store
+                    .read_doc(DocKind::Targets)
+                    .await
+                    .map_err(store_failed)?;
+                let mut targets: Vec<QueueTarget> = registered
+                    .items
+                    .iter()
+                    .filter_map(|(m, _)| QueueTarget::parse_key(m))
+                    .collect();
+                targets.extend(store.active_targets(now).await.map_err(store_failed)?);
+                targets.sort();
+                targets.dedup();
+                let mut out = String::new();
+                for target in targets {
+                    if let Some(sale) = store.sale(target).await.map_err(store_failed)? {
+                        out.push_str(&sale_line(target, &sale));
+                        out.push('\n');
+                    }
+                }
+                if out.is_empty() {
+                    out.push_str("no sales\n");
+                }
+                Ok(out)
+            }
+            SaleCommand::Delete(t) => {
+                let target = sale_target(t)?;
+                write_setting(
+                    store,
+                    DocKind::Targets,
+                    "remove",
+                    &[(target.to_string(), String::new())],
+                )
+                .await?;
+                if store.delete_sale(target).await.map_err(store_failed)? {
+                    Ok(format!("{target}: deleted"))
+                } else {
+                    Err(OpsError::Usage(format!("no sale {target}")))
+                }
+            }
+        }
     })
 }

@@ -20,12 +20,17 @@ use crate::config::QueueConfig;
 use crate::failopen::Pacer;
 use crate::metrics::Metrics;
 use crate::queue::{millis, QueueTarget};
-use crate::store::{AdvanceOutcome, QueueStore, Registering, StoreGuard};
+use crate::store::{AdvanceOutcome, QueueStore, Registering, StoreGuard, WHOLE_BATCH_PPM};
+
+/// The shortest sleep between two passes of the pump, whatever a sale's tick says.
+const MIN_WAKE_MS: u64 = 10;
 
 /// What one tick did, for tests and logs.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct TickReport {
     pub targets: usize,
+    /// Targets visited (their tick had moved since this instance's last visit).
+    pub visited: usize,
     pub led: usize,
     pub advanced: usize,
     pub admitted: u64,
@@ -69,6 +74,10 @@ pub struct Pump {
     /// The largest heartbeat credit the live instances reported at the last registration
     /// (`Instances::credit_ms`).
     registry_credit_ms: std::sync::atomic::AtomicU64,
+    /// Each sale's tick as its last admission step read it (`tickMs` of the sale's hash), and the
+    /// tick (now / tick) this instance last visited it in: a sale is visited once per its own
+    /// tick, and the pump wakes at the shortest.
+    ticks: parking_lot::Mutex<std::collections::HashMap<QueueTarget, (u64, u64)>>,
 }
 
 /// One registry reading: the batch an advance may admit, and when the registration that read it
@@ -104,19 +113,49 @@ impl Pump {
             held: Default::default(),
             empty: Default::default(),
             registry_credit_ms: Default::default(),
+            ticks: Default::default(),
         }
-    }
-
-    fn lock_ttl(&self) -> Duration {
-        self.cfg.tick.mul_f64(0.9)
     }
 
     fn tick_ms(&self) -> u64 {
         millis(self.cfg.tick).max(1)
     }
 
-    fn min_interval(&self) -> Duration {
-        self.cfg.tick.mul_f64(0.95)
+    /// The tick of `target`: the sale's, once an admission step read it; this file's before.
+    fn tick_of(&self, target: QueueTarget) -> u64 {
+        self.ticks
+            .lock()
+            .get(&target)
+            .map_or(self.tick_ms(), |(tick, _)| *tick)
+    }
+
+    /// How long the pump sleeps between passes: to the next multiple of the shortest tick among
+    /// this file's and the sales' it knows (a sale is visited only when its own tick has moved).
+    fn wake_every(&self) -> Duration {
+        let shortest = self
+            .ticks
+            .lock()
+            .values()
+            .map(|(tick, _)| *tick)
+            .fold(self.tick_ms(), u64::min);
+        Duration::from_millis(shortest.max(MIN_WAKE_MS))
+    }
+
+    /// Whether `target` is due at `now_ms`: its own tick moved since this instance's last visit.
+    fn due(&self, target: QueueTarget, now_ms: u64) -> bool {
+        let ticks = self.ticks.lock();
+        match ticks.get(&target) {
+            Some((tick, visited)) => tick_index(now_ms, *tick) != *visited,
+            None => true,
+        }
+    }
+
+    /// Records a visit at `now_ms` and the sale's tick as the step read it.
+    fn visited(&self, target: QueueTarget, tick_ms: u64, now_ms: u64) {
+        let tick = tick_ms.max(1);
+        self.ticks
+            .lock()
+            .insert(target, (tick, tick_index(now_ms, tick)));
     }
 
     /// One pass over the active targets.
@@ -140,6 +179,11 @@ impl Pump {
             }
         };
         self.pacer.set_known(&targets);
+        {
+            // Sales no longer active are forgotten (their tick no longer sets the wake-ups).
+            let mut ticks = self.ticks.lock();
+            ticks.retain(|t, _| targets.binary_search(t).is_ok());
+        }
         report.targets = targets.len();
         let previous = self.held.lock().clone();
         let mut held = BTreeSet::new();
@@ -151,6 +195,13 @@ impl Pump {
             % targets.len().max(1);
         let (tail, head) = targets.split_at(start);
         for &target in head.iter().chain(tail) {
+            if !self.due(target, self.clock.now().epoch_ms) {
+                // Visited in this sale's tick already: still on the list a shutdown releases.
+                if previous.contains(&target) {
+                    held.insert(target);
+                }
+                continue;
+            }
             // A reading serves a quarter tick at most, within its own tick (a slow store or many
             // sales stretch a pass): `failopen::PacerConfig::pace_after_ms` allows for that.
             let now_ms = self.clock.now().epoch_ms;
@@ -162,6 +213,7 @@ impl Pump {
                     None => break,
                 }
             }
+            report.visited += 1;
             match self.visit(target, reading, &mut report).await {
                 Ok(true) => {
                     held.insert(target);
@@ -269,8 +321,10 @@ impl Pump {
     ) -> Result<bool, crate::store::StoreError> {
         let store = &self.store;
         let cfg = &self.cfg;
+        let tick = Duration::from_millis(self.tick_of(target));
+        self.visited(target, millis(tick), self.clock.now().epoch_ms);
         if !store
-            .try_lock(target, &self.instance, self.lock_ttl())
+            .try_lock(target, &self.instance, tick.mul_f64(0.9))
             .await?
         {
             return Ok(false);
@@ -278,26 +332,19 @@ impl Pump {
         // On the release list at once: a shutdown in the middle of this tick must give it back.
         self.held.lock().insert(target);
         let label = self.metrics.targets.label(target);
-        let batch = self.batch_now(reading);
-        if batch == 0 {
-            // Every admission of this tick is with replicas that may be pacing on their own.
-            return Ok(true);
-        }
-        let mut adv = store
-            .advance(target, batch, self.min_interval(), self.clock.now())
-            .await?;
+        let share = self.share_ppm(self.batch_now(reading));
+        let mut adv = store.advance(target, share, self.clock.now()).await?;
+        self.learn(target, &adv);
         // This tick fired a little earlier after the last advance than the one before it (timer
         // jitter, another instance led last time): wait out the rest of the guard, once, while
         // the lock is still ours, instead of losing the whole tick. The script still decides.
         let retry = Duration::from_millis(adv.retry_in_ms);
-        if adv.outcome == AdvanceOutcome::Guarded && retry <= cfg.tick / 4 {
+        if adv.outcome == AdvanceOutcome::Guarded && retry <= Duration::from_millis(adv.tick_ms) / 4
+        {
             self.clock.sleep(retry + Duration::from_millis(1)).await;
-            let batch = self.batch_now(reading);
-            if batch > 0 {
-                adv = store
-                    .advance(target, batch, self.min_interval(), self.clock.now())
-                    .await?;
-            }
+            let share = self.share_ppm(self.batch_now(reading));
+            adv = store.advance(target, share, self.clock.now()).await?;
+            self.learn(target, &adv);
         }
         if adv.outcome == AdvanceOutcome::Advanced {
             report.advanced += 1;
@@ -307,11 +354,11 @@ impl Pump {
                 .with_label_values(&[&label])
                 .inc_by(adv.admitted_now);
         }
-        let cutoff = self.sweep_cutoff(self.clock.now().epoch_ms);
+        let credit = self.sweep_credit_ms(self.clock.now().epoch_ms);
         let evicted = store
             .sweep(
                 target,
-                cutoff,
+                credit,
                 cfg.max_evict_per_tick.get(),
                 self.clock.now(),
             )
@@ -340,17 +387,45 @@ impl Pump {
         Ok(true)
     }
 
-    /// Heartbeats at or before this are stale. Users could not heartbeat while the store was
-    /// down, nor while a replica refused their polls for saturation, so an outage or shedding
-    /// episode (this replica's, or the largest any live replica reported) that ended less than a
-    /// heartbeat timeout ago is not held against them.
-    fn sweep_cutoff(&self, now_ms: u64) -> u64 {
+    /// Time not held against silent users (the sweep's cutoff is this much before the sale's
+    /// timeout). Users could not heartbeat while the store was down, nor while a replica refused
+    /// their polls for saturation, so an outage or shedding episode (this replica's, or the
+    /// largest any live replica reported) that ended less than a heartbeat timeout ago counts.
+    fn sweep_credit_ms(&self, now_ms: u64) -> u64 {
         let timeout = millis(self.cfg.heartbeat_timeout);
-        let credit = self.store.outage_credit_ms(now_ms, timeout).max(
+        self.store.outage_credit_ms(now_ms, timeout).max(
             self.registry_credit_ms
                 .load(std::sync::atomic::Ordering::Relaxed),
-        );
-        now_ms.saturating_sub(timeout).saturating_sub(credit)
+        )
+    }
+
+    /// The part of a sale's batch an advance may admit, in millionths: what this file's batch
+    /// lowered by the registry leaves of it (`read_registry`), as a part of it, so that it
+    /// applies to every sale's own batch.
+    fn share_ppm(&self, batch: u32) -> u32 {
+        let whole = u64::from(self.cfg.batch_size.get());
+        let part = u64::from(batch.min(self.cfg.batch_size.get())) * u64::from(WHOLE_BATCH_PPM);
+        u32::try_from(part / whole).unwrap_or(WHOLE_BATCH_PPM)
+    }
+
+    /// What an admission step read of the sale: its tick (for scheduling) and its batch and tick
+    /// (for the fail-open pacer's share of it).
+    fn learn(&self, target: QueueTarget, adv: &crate::store::Advance) {
+        let now_ms = self.clock.now().epoch_ms;
+        let tick = adv.tick_ms.max(1);
+        let mut ticks = self.ticks.lock();
+        let visited = ticks
+            .get(&target)
+            .map_or(tick_index(now_ms, tick), |(old, v)| {
+                if *old == tick {
+                    *v
+                } else {
+                    tick_index(now_ms, tick)
+                }
+            });
+        ticks.insert(target, (tick, visited));
+        drop(ticks);
+        self.pacer.set_sale(target, adv.batch_size, adv.tick_ms);
     }
 
     /// Releases the locks this instance holds, so another instance takes over at its next tick.
@@ -360,6 +435,13 @@ impl Pump {
             let _ = self.store.unlock(target, &self.instance).await;
         }
     }
+}
+
+/// The tick (since the epoch) a visit at `now_ms` belongs to: a timer that fires a little early
+/// (up to a tenth of a tick) counts for the tick it was meant for.
+fn tick_index(now_ms: u64, tick_ms: u64) -> u64 {
+    let tick = tick_ms.max(1);
+    (now_ms + tick / 10) / tick
 }
 
 /// Time from `now_ms` until the next multiple of `tick` since the epoch.
@@ -380,7 +462,7 @@ impl BackgroundService for Pump {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         tracing::info!(instance = %self.instance, tick_ms = millis(self.cfg.tick), "admission pump started");
         loop {
-            let wait = until_next_tick(self.cfg.tick, self.clock.now().epoch_ms);
+            let wait = until_next_tick(self.wake_every(), self.clock.now().epoch_ms);
             tokio::select! {
                 _ = shutdown.changed() => break,
                 _ = tokio::time::sleep(wait) => {}
@@ -436,7 +518,14 @@ mod tests {
         use crate::store::MemoryStore;
         let metrics = Metrics::new().unwrap();
         let guard = Arc::new(StoreGuard::new(
-            Arc::new(MemoryStore::new()),
+            Arc::new(
+                MemoryStore::new().with_sale_defaults(crate::sale::SaleDefaults {
+                    batch_size: 5,
+                    tick_ms: 1000,
+                    max_capacity: 1000,
+                    heartbeat_timeout_s: 600,
+                }),
+            ),
             crate::store::GuardConfig {
                 timeout: Duration::from_millis(150),
                 max_in_flight: 16,
@@ -465,7 +554,7 @@ mod tests {
         );
         let target = QueueTarget::new(TargetType::LimitedDrop, 1);
         for user in 1..=20 {
-            guard.enter(target, user, clock.now(), 1_000).await.unwrap();
+            guard.enter(target, user, clock.now()).await.unwrap();
         }
         Rig {
             guard,

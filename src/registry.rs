@@ -100,6 +100,29 @@ impl Registry {
         }
     }
 
+    /// Registers `target` at once on this replica (an admin API change; the others follow at
+    /// their next read of `queue:targets`).
+    pub fn insert(&self, target: QueueTarget) {
+        let mut set = self.dynamic.write();
+        if set.len() < MAX_REGISTERED {
+            set.insert(target);
+        }
+    }
+
+    /// Unregisters `target` at once on this replica.
+    pub fn remove(&self, target: QueueTarget) {
+        self.dynamic.write().remove(&target);
+    }
+
+    /// The registered sales: the file's and the run-time ones.
+    pub fn members(&self) -> Vec<QueueTarget> {
+        let mut all: Vec<QueueTarget> = self.configured.iter().copied().collect();
+        all.extend(self.dynamic.read().iter().copied());
+        all.sort();
+        all.dedup();
+        all
+    }
+
     /// Replaces the run-time set with the members of `queue:targets`; returns the members that
     /// are not canonical `TYPE:ID`. Such a member is reported (logged, counted, flagged by
     /// `target list`) and, when it still names a sale read leniently (`LIMITED_DROP:083`,

@@ -43,6 +43,8 @@ pub enum StartError {
     Store(String),
     #[error("metrics: {0}")]
     Metrics(String),
+    #[error("admin token: {0}")]
+    AdminToken(String),
     #[error("identity keys: {0}")]
     Identity(String),
     #[error("fail_open.claims_file `{path}`: {reason}")]
@@ -134,19 +136,21 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
         crate::registry::TargetsMode::Any => config.queue.max_active_targets.get() as usize,
         crate::registry::TargetsMode::Registered => usize::MAX / 2,
     };
-    let liveness = crate::store::liveness::Liveness::for_timeout(config.queue.heartbeat_timeout);
+    // The `[queue]` keys only seed sales created without them: a sale's own parameters live
+    // in its hash (Redis) and every replica reads them from there.
+    let defaults = crate::sale::SaleDefaults::from_config(&config.queue);
     let store: Arc<dyn QueueStore> = match &config.store.backend {
         StoreBackend::Memory => Arc::new(
             MemoryStore::new()
                 .with_max_targets(max_targets)
-                .with_liveness(liveness),
+                .with_sale_defaults(defaults),
         ),
         StoreBackend::Redis { url } => {
             let s = Arc::new(
                 RedisStore::new(url, config.store.command_timeout)
                     .map_err(|e| StartError::Store(e.to_string()))?
                     .with_max_targets(max_targets)
-                    .with_liveness(liveness),
+                    .with_sale_defaults(defaults),
             );
             redis_store = Some(s.clone());
             s
@@ -211,7 +215,13 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     proxy.add_tcp(&listen.to_string());
     let proxy = server.add_service(proxy);
 
-    let mut admin = Service::new("admin".to_string(), AdminApp::new(state.clone()));
+    let admin_token =
+        crate::gateway::sales::AdminToken::from_env(state.config.server.admin_token_env.as_deref())
+            .map_err(StartError::AdminToken)?;
+    let mut admin = Service::new(
+        "admin".to_string(),
+        AdminApp::new(state.clone(), admin_token),
+    );
     admin.add_tcp(&admin_listen.to_string());
     admin.threads = Some(1);
     server.add_service(admin);

@@ -23,7 +23,7 @@ use common::RedisServer;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, TestCaseError, TestRunner};
 use vq_gateway::queue::{QueueTarget, TargetType};
-use vq_gateway::store::liveness::Liveness;
+use vq_gateway::sale::SaleDefaults;
 use vq_gateway::store::{MemoryStore, Now, QueueStore, RedisStore, TokenCandidate};
 
 const CAPACITY: u64 = 6;
@@ -31,15 +31,41 @@ const BASE_MS: u64 = 1_900_000_000_000;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Enter { target: u64, user: u64 },
-    Poll { target: u64, user: u64 },
-    Leave { target: u64, user: u64 },
-    Advance { target: u64, batch: u32 },
-    Sweep { target: u64, age_ms: u64, max: u32 },
-    Stats { target: u64 },
-    Claim { target: u64, token: u8 },
-    Release { target: u64, token: u8 },
-    Step { ms: u64 },
+    Enter {
+        target: u64,
+        user: u64,
+    },
+    Poll {
+        target: u64,
+        user: u64,
+    },
+    Leave {
+        target: u64,
+        user: u64,
+    },
+    Advance {
+        target: u64,
+        batch: u32,
+    },
+    Sweep {
+        target: u64,
+        credit_ms: u64,
+        max: u32,
+    },
+    Stats {
+        target: u64,
+    },
+    Claim {
+        target: u64,
+        token: u8,
+    },
+    Release {
+        target: u64,
+        token: u8,
+    },
+    Step {
+        ms: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -50,8 +76,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (target.clone(), user.clone()).prop_map(|(target, user)| Op::Poll { target, user }),
         1 => (target.clone(), user).prop_map(|(target, user)| Op::Leave { target, user }),
         2 => (target.clone(), 1u32..=3).prop_map(|(target, batch)| Op::Advance { target, batch }),
-        1 => (target.clone(), 0u64..16_000, 1u32..=3)
-            .prop_map(|(target, age_ms, max)| Op::Sweep { target, age_ms, max }),
+        1 => (target.clone(), 0u64..12_000, 1u32..=3)
+            .prop_map(|(target, credit_ms, max)| Op::Sweep { target, credit_ms, max }),
         1 => target.clone().prop_map(|target| Op::Stats { target }),
         1 => (target.clone(), 0u8..3).prop_map(|(target, token)| Op::Claim { target, token }),
         1 => (target, 0u8..3).prop_map(|(target, token)| Op::Release { target, token }),
@@ -59,10 +85,18 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// One-second heartbeat windows: the clock steps below cross several, and sweeps reach from
-/// inside the current window to beyond the farthest a sweep reads (then nobody is evicted).
-fn liveness() -> Liveness {
-    Liveness::for_timeout(Duration::from_secs(4))
+/// The sales both stores create on a first enter: one-second heartbeat windows (a 4 s timeout:
+/// the clock steps below cross several, and sweeps reach from the timeout to beyond the farthest
+/// a sweep reads, then nobody is evicted); a batch of a million, so that an advance's share in
+/// millionths is the batch it admits; no guard between advances (a tick of 0, which no file or
+/// operator may set: the memory store's guard runs on the ops' clock, Redis' on its own).
+fn defaults() -> SaleDefaults {
+    SaleDefaults {
+        batch_size: 1_000_000,
+        tick_ms: 0,
+        max_capacity: CAPACITY,
+        heartbeat_timeout_s: 4,
+    }
 }
 
 fn target(id: u64) -> QueueTarget {
@@ -73,10 +107,7 @@ fn target(id: u64) -> QueueTarget {
 async fn apply(s: &dyn QueueStore, op: &Op, now: Now) -> String {
     match *op {
         Op::Enter { target: t, user } => {
-            format!(
-                "{:?}",
-                s.enter(target(t), user, now, CAPACITY).await.unwrap()
-            )
+            format!("{:?}", s.enter(target(t), user, now).await.unwrap())
         }
         Op::Poll { target: t, user } => {
             let c = TokenCandidate {
@@ -96,10 +127,7 @@ async fn apply(s: &dyn QueueStore, op: &Op, now: Now) -> String {
             format!("{:?}", s.leave(target(t), user).await.unwrap())
         }
         Op::Advance { target: t, batch } => {
-            let a = s
-                .advance(target(t), batch, Duration::ZERO, now)
-                .await
-                .unwrap();
+            let a = s.advance(target(t), batch, now).await.unwrap();
             format!(
                 "{:?} mark {} admitted {} waiting {}",
                 a.outcome, a.admitted_count, a.admitted_now, a.waiting
@@ -107,11 +135,13 @@ async fn apply(s: &dyn QueueStore, op: &Op, now: Now) -> String {
         }
         Op::Sweep {
             target: t,
-            age_ms,
+            credit_ms,
             max,
         } => {
-            let cutoff = now.epoch_ms.saturating_sub(age_ms);
-            format!("{:?}", s.sweep(target(t), cutoff, max, now).await.unwrap())
+            format!(
+                "{:?}",
+                s.sweep(target(t), credit_ms, max, now).await.unwrap()
+            )
         }
         Op::Stats { target: t } => {
             let st = s.stats(target(t), now).await.unwrap();
@@ -158,7 +188,7 @@ async fn compare_waits(memory: &dyn QueueStore, redis: &dyn QueueStore, now: Now
 
 async fn run(ops: &[Op], redis: &RedisServer, store: &dyn QueueStore) -> Result<(), TestCaseError> {
     redis.cmd(&["FLUSHALL"]);
-    let memory = MemoryStore::new().with_liveness(liveness());
+    let memory = MemoryStore::new().with_sale_defaults(defaults());
     let mut now_ms = BASE_MS;
     for (i, op) in ops.iter().enumerate() {
         if let Op::Step { ms } = op {
@@ -186,7 +216,7 @@ fn memory_and_redis_give_the_same_replies() {
             RedisStore::new(&redis.url(), Duration::from_secs(2))
                 .unwrap()
                 .with_max_targets(1_000)
-                .with_liveness(liveness()),
+                .with_sale_defaults(defaults()),
         );
         assert!(s.connect(Duration::from_secs(5)).await);
         s

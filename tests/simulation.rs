@@ -16,6 +16,7 @@ use vq_gateway::failopen::{Pacer, PacerConfig};
 use vq_gateway::metrics::Metrics;
 use vq_gateway::pump::{Pump, PumpConfig};
 use vq_gateway::queue::{QueueTarget, TargetType};
+use vq_gateway::sale::SaleDefaults;
 use vq_gateway::store::liveness::Liveness;
 use vq_gateway::store::{
     EnterOutcome, GuardConfig, MemoryStore, Now, PollOutcome, QueueStore, StoreGuard,
@@ -63,7 +64,12 @@ fn run(seed: u64, ticks: u64, instances: u64) {
 
 async fn simulate(seed: u64, ticks: u64, instances: u64) {
     let liveness = Liveness::for_timeout(Duration::from_millis(HEARTBEAT_MS));
-    let store = Arc::new(MemoryStore::new().with_liveness(liveness));
+    let store = Arc::new(MemoryStore::new().with_sale_defaults(SaleDefaults {
+        batch_size: BATCH,
+        tick_ms: TICK_MS,
+        max_capacity: 100_000,
+        heartbeat_timeout_s: HEARTBEAT_MS / 1000,
+    }));
     let t = QueueTarget::new(TargetType::TicketingEvent, 1);
     let base = 1_800_000_000_000u64;
     let clock = Arc::new(VirtualClock::new(base));
@@ -118,7 +124,7 @@ async fn simulate(seed: u64, ticks: u64, instances: u64) {
             let at = tick_start + rng.below(TICK_MS);
             let user = next_user;
             next_user += 1;
-            match store.enter(t, user, now_at(at), 100_000).await.unwrap() {
+            match store.enter(t, user, now_at(at)).await.unwrap() {
                 EnterOutcome::Waiting { seq, .. } => {
                     let abandons_at = (rng.below(10) == 0).then(|| at + rng.below(30_000));
                     users.insert(
@@ -242,6 +248,10 @@ async fn simulate(seed: u64, ticks: u64, instances: u64) {
                 assert_eq!(mark, last_mark);
             }
             last_mark = mark;
+            if report.visited == 0 {
+                // A second fire within the sale's tick: the pump visits a sale once per tick.
+                continue;
+            }
             let cutoff = (base + done).saturating_sub(HEARTBEAT_MS);
             // Mirror the eviction in the model: exactly the users whose last poll fell in a
             // heartbeat window before the cutoff's (nobody who polled after the cutoff; a user

@@ -27,9 +27,17 @@ pub(super) fn server(s: &ServerSection) -> Result<ServerConfig, ConfigError> {
             "must differ from server.listen",
         ));
     }
+    let admin_token_env = match s.admin_token_env.as_str() {
+        "" => None,
+        name => {
+            env_name("server.admin_token_env", name)?;
+            Some(name.to_string())
+        }
+    };
     Ok(ServerConfig {
         listen,
         admin_listen,
+        admin_token_env,
         threads: in_range("server.threads", s.threads as u64, 1, 256)? as usize,
         keepalive_idle: secs("server.keepalive_idle_s", s.keepalive_idle_s, 1, 3600)?,
         grace_period: secs("server.grace_period_s", s.grace_period_s, 0, 3600)?,

@@ -118,8 +118,11 @@ pub struct UpgradePathEntry {
 pub struct ServerSection {
     /// Public listener (all traffic from nginx-lb).
     pub listen: String,
-    /// Admin listener: `/healthz`, `/readyz`, `/metrics`. Keep it private.
+    /// Admin listener: `/healthz`, `/readyz`, `/metrics`, `/sales`. Keep it private.
     pub admin_listen: String,
+    /// The environment variable holding the bearer token that admin writes (`PUT`/`DELETE
+    /// /sales/…`) must carry; empty: admin writes are refused.
+    pub admin_token_env: String,
     /// Worker threads of the proxy service.
     pub threads: usize,
     /// Idle keep-alive of downstream connections, seconds.
@@ -151,6 +154,7 @@ impl Default for ServerSection {
         ServerSection {
             listen: "127.0.0.1:8080".into(),
             admin_listen: "127.0.0.1:9090".into(),
+            admin_token_env: String::new(),
             threads: 2,
             keepalive_idle_s: 60,
             grace_period_s: 5,

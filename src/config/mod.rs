@@ -56,6 +56,9 @@ pub struct Config {
 pub struct ServerConfig {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    /// `server.admin_token_env`: the variable holding the admin writes' bearer token (`None`:
+    /// admin writes are refused).
+    pub admin_token_env: Option<String>,
     pub threads: usize,
     pub keepalive_idle: Duration,
     pub grace_period: Duration,

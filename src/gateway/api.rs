@@ -273,9 +273,8 @@ async fn enter(
     if !state.flag.queue_on(target, user) {
         return Ok(direct(state, target, user, now));
     }
-    let capacity = state.config.queue.max_capacity.get();
     let count = |outcome: &'static str| state.metrics.count_entry(target, outcome);
-    match state.store.enter(target, user, now, capacity).await {
+    match state.store.enter(target, user, now).await {
         Ok(EnterOutcome::Waiting { seq, ahead }) => {
             count("waiting");
             Ok(waiting_with_ticket(state, target, user, seq, ahead, now))

@@ -21,6 +21,7 @@ pub mod conn;
 pub mod gate;
 pub mod hygiene;
 pub mod route;
+pub mod sales;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -33,6 +33,7 @@ use super::{
 };
 use crate::metrics::Metrics;
 use crate::queue::{QueueStats, QueueTarget};
+use crate::sale::{Sale, SalePatch};
 
 /// Consecutive timeouts that open the breaker, how long it stays open before a probe, and how
 /// many silent probes in a row ask for a reconnect.
@@ -378,9 +379,8 @@ impl QueueStore for StoreGuard {
         target: QueueTarget,
         user: u64,
         now: Now,
-        capacity: u64,
     ) -> Result<EnterOutcome, StoreError> {
-        let fut = self.inner.enter(target, user, now, capacity);
+        let fut = self.inner.enter(target, user, now);
         self.run(Class::Request, "enter", fut).await
     }
 
@@ -441,23 +441,52 @@ impl QueueStore for StoreGuard {
     async fn advance(
         &self,
         target: QueueTarget,
-        batch: u32,
-        min_interval: Duration,
+        share_ppm: u32,
         now: Now,
     ) -> Result<Advance, StoreError> {
-        let fut = self.inner.advance(target, batch, min_interval, now);
+        let fut = self.inner.advance(target, share_ppm, now);
         self.run(Class::Background, "pump", fut).await
     }
 
     async fn sweep(
         &self,
         target: QueueTarget,
-        cutoff_ms: u64,
+        credit_ms: u64,
         max: u32,
         now: Now,
     ) -> Result<u64, StoreError> {
-        let fut = self.inner.sweep(target, cutoff_ms, max, now);
+        let fut = self.inner.sweep(target, credit_ms, max, now);
         self.run(Class::Background, "pump", fut).await
+    }
+
+    async fn sale(&self, target: QueueTarget) -> Result<Option<Sale>, StoreError> {
+        let fut = self.inner.sale(target);
+        self.run(Class::Background, "sale", fut).await
+    }
+
+    async fn put_sale(
+        &self,
+        target: QueueTarget,
+        patch: &SalePatch,
+        now: Now,
+    ) -> Result<Sale, StoreError> {
+        let fut = self.inner.put_sale(target, patch, now);
+        self.run(Class::Background, "sale", fut).await
+    }
+
+    async fn restore_sale(&self, target: QueueTarget, sale: &Sale) -> Result<Sale, StoreError> {
+        let fut = self.inner.restore_sale(target, sale);
+        self.run(Class::Background, "sale", fut).await
+    }
+
+    async fn delete_sale(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        let fut = self.inner.delete_sale(target);
+        self.run(Class::Background, "sale", fut).await
+    }
+
+    async fn register_sale(&self, target: QueueTarget, on: bool) -> Result<(), StoreError> {
+        let fut = self.inner.register_sale(target, on);
+        self.run(Class::Background, "sale", fut).await
     }
 
     async fn claim(

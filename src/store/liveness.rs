@@ -1,7 +1,8 @@
 //! Liveness of waiting users by heartbeat window, shared by both stores.
 //!
 //! A poll does not record its time: it marks the user's seq in the bitmap of the current window
-//! (`queue:{T}:alive:{window}`, a window being a quarter of `queue.heartbeat_timeout_s`), which
+//! (`queue:{T}:alive:{width}:{window}`, a window being a quarter of the sale's
+//! `heartbeatTimeoutS`, its width stored with the sale as `windowMs`), which
 //! costs a bit per user and window instead of a second sorted set (about 96 bytes per user).
 //! A sweep with cutoff `C` keeps every user marked in a window that ends after `C` and evicts
 //! the others, lowest seq first: nobody who polled after `C` is evicted, and a user silent
@@ -10,6 +11,13 @@
 //! A sweep reads at most `MAX_SWEEP_WINDOWS` windows. When the cutoff lies further back (the
 //! pump gives users credit for a store outage they could not heartbeat through), it evicts
 //! nobody, so eviction pauses for that long rather than evicting on windows it no longer reads.
+//!
+//! The width is the sale's, read by the scripts from the sale's hash, never the caller's: two
+//! replicas with different `queue.heartbeat_timeout_s` in their files mark and read the same
+//! windows. When an operator changes the timeout, and with it the width, the windows of the old
+//! width are no longer read; sweeps evict nobody until a whole timeout has passed since the
+//! change (`windowSince`), so nobody who polled before it is evicted for being in an old window.
+//! The Redis scripts compute all this themselves; this type is the memory store's copy of it.
 
 use std::ops::RangeInclusive;
 use std::time::Duration;
@@ -39,6 +47,13 @@ impl Liveness {
     pub fn for_timeout(timeout: Duration) -> Liveness {
         Liveness {
             window_ms: (millis(timeout) / WINDOWS_PER_TIMEOUT).max(1),
+        }
+    }
+
+    /// Windows of `window_ms` (the sale's `windowMs`).
+    pub fn of_width(window_ms: u64) -> Liveness {
+        Liveness {
+            window_ms: window_ms.max(1),
         }
     }
 

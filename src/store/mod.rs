@@ -17,6 +17,7 @@ mod scripts;
 use async_trait::async_trait;
 
 use crate::queue::{QueueStats, QueueTarget};
+use crate::sale::{Sale, SalePatch};
 
 pub use guard::{GuardConfig, StoreGuard};
 pub use memory::MemoryStore;
@@ -167,6 +168,9 @@ pub struct Advance {
     pub waiting: u64,
     /// With `Guarded`: how long until the next advance is allowed.
     pub retry_in_ms: u64,
+    /// The sale's batch size and tick as the step read them (the pump schedules by the tick).
+    pub batch_size: u32,
+    pub tick_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,7 +180,12 @@ pub enum AdvanceOutcome {
     Guarded,
     /// Nobody above the mark to admit.
     Idle,
+    /// The sale is paused: nobody admitted, everyone keeps their place.
+    Paused,
 }
+
+/// The whole batch, in the millionths `QueueStore::advance` takes.
+pub const WHOLE_BATCH_PPM: u32 = 1_000_000;
 
 /// Everything a request needs from the clock, read once per request.
 #[derive(Debug, Clone, Copy)]
@@ -189,13 +198,13 @@ pub trait QueueStore: Send + Sync + 'static {
     /// `memory` or `redis`, for logs and metrics.
     fn kind(&self) -> &'static str;
 
-    /// Atomic, idempotent enter (SPEC §4).
+    /// Atomic, idempotent enter (SPEC §4), within the sale's `maxCapacity`. The first enter of a
+    /// target nobody created a sale for creates it from the store's `SaleDefaults`.
     async fn enter(
         &self,
         target: QueueTarget,
         user: u64,
         now: Now,
-        capacity: u64,
     ) -> Result<EnterOutcome, StoreError>;
 
     /// Heartbeat plus admission check; on admission stores a token from `mint` unless one is
@@ -252,25 +261,56 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Releases the lock if `owner` still holds it.
     async fn unlock(&self, target: QueueTarget, owner: &str) -> Result<(), StoreError>;
 
-    /// One admission step (SPEC §5), refused within `min_interval` of the previous one. The Redis
-    /// store times the guard with Redis' own clock and ignores `now`; the memory store uses `now`,
-    /// which lets a simulation drive it in virtual time.
+    /// One admission step (SPEC §5) of at most `share_ppm` millionths of the sale's `batchSize`
+    /// (`WHOLE_BATCH_PPM`: all of it), refused within 0.95 of the sale's `tickMs` of the previous
+    /// one; nobody while the sale is paused. The Redis store times the guard with Redis' own clock
+    /// and ignores `now`; the memory store uses `now`, which lets a simulation drive it in
+    /// virtual time.
     async fn advance(
         &self,
         target: QueueTarget,
-        batch: u32,
-        min_interval: std::time::Duration,
+        share_ppm: u32,
         now: Now,
     ) -> Result<Advance, StoreError>;
 
-    /// Evicts at most `max` waiting users whose heartbeat is at or before `cutoff_ms`.
+    /// Evicts at most `max` waiting users with no heartbeat since `now` minus the sale's
+    /// `heartbeatTimeoutS` minus `credit_ms` (time in which some replica could not take its
+    /// users' heartbeats), in heartbeat windows of the sale's width (`liveness.rs`).
     async fn sweep(
         &self,
         target: QueueTarget,
-        cutoff_ms: u64,
+        credit_ms: u64,
         max: u32,
         now: Now,
     ) -> Result<u64, StoreError>;
+
+    /// The sale's stored parameters, if it exists.
+    async fn sale(&self, target: QueueTarget) -> Result<Option<Sale>, StoreError>;
+
+    /// An operator's change of a sale (created from the store's `SaleDefaults` if new): the
+    /// stored sale after it, its version one higher.
+    async fn put_sale(
+        &self,
+        target: QueueTarget,
+        patch: &SalePatch,
+        now: Now,
+    ) -> Result<Sale, StoreError>;
+
+    /// Writes `sale` back when the stored one is missing or older (Redis lost it); answers the
+    /// stored sale after the call.
+    async fn restore_sale(&self, target: QueueTarget, sale: &Sale) -> Result<Sale, StoreError>;
+
+    /// Drops a sale and its queue (waiting users are no longer known; tokens already issued stay
+    /// valid until they expire). False when there was no sale.
+    async fn delete_sale(&self, target: QueueTarget) -> Result<bool, StoreError>;
+
+    /// Adds `target` to, or removes it from, the registered sales every replica reads
+    /// (`queue:targets`): the list of sales replicas write back after a data loss, and the sales
+    /// `queue.targets = "registered"` admits. The memory store has no shared list (its replica's
+    /// registry is the list).
+    async fn register_sale(&self, _target: QueueTarget, _on: bool) -> Result<(), StoreError> {
+        Ok(())
+    }
 
     /// Claims a token for single use (`SET NX`, expiring with the token) on behalf of `owner`
     /// (unique per purchase attempt). False when it was claimed already by another owner; true

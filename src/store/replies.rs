@@ -216,6 +216,7 @@ pub fn advance(v: Value) -> Result<Advance, StoreError> {
         "ADVANCED" => AdvanceOutcome::Advanced,
         "GUARDED" => AdvanceOutcome::Guarded,
         "IDLE" => AdvanceOutcome::Idle,
+        "PAUSED" => AdvanceOutcome::Paused,
         _ => return Err(StoreError::Protocol("unknown advance reply".into())),
     };
     let num = |i: usize, what: &str| match items.get(i) {
@@ -227,8 +228,47 @@ pub fn advance(v: Value) -> Result<Advance, StoreError> {
         admitted_count: num(1, "mark")?,
         admitted_now: num(2, "admitted")?,
         waiting: num(3, "waiting")?,
-        retry_in_ms: items.get(4).map_or(Ok(0), |v| as_u64(v, "retry"))?,
+        retry_in_ms: num(4, "retry")?,
+        batch_size: u32::try_from(num(5, "batch size")?)
+            .map_err(|_| StoreError::Protocol("batch size out of range".into()))?,
+        tick_ms: num(6, "tick")?,
     })
+}
+
+/// A sale hash (`HGETALL`, or `sale_write.lua`'s answer): `None` when empty. A stored sale the
+/// scripts could not use (a field missing or out of range, written by hand) is a protocol error
+/// naming the field.
+pub fn sale(v: Value) -> Result<Option<crate::sale::Sale>, StoreError> {
+    let mut pairs = Vec::new();
+    match v {
+        Value::Map(map) => {
+            for (k, v) in map.inner() {
+                let (Some(k), Some(v)) = (k.as_str().map(|s| s.to_string()), v.as_string()) else {
+                    return Err(StoreError::Protocol("sale: not text".into()));
+                };
+                pairs.push((k, v));
+            }
+        }
+        Value::Null => {}
+        other => {
+            let items = reply_array(other, "sale")?;
+            for pair in items.chunks(2) {
+                let [k, v] = pair else {
+                    return Err(StoreError::Protocol("sale: odd reply".into()));
+                };
+                let (Some(k), Some(v)) = (k.as_string(), v.as_string()) else {
+                    return Err(StoreError::Protocol("sale: not text".into()));
+                };
+                pairs.push((k, v));
+            }
+        }
+    }
+    if pairs.is_empty() {
+        return Ok(None);
+    }
+    crate::sale::Sale::from_fields(pairs)
+        .map(Some)
+        .map_err(|e| StoreError::Protocol(format!("sale: {e}")))
 }
 
 #[cfg(test)]
@@ -401,9 +441,12 @@ mod tests {
             Value::Integer(0),
             Value::Integer(9),
             Value::Integer(120),
+            Value::Integer(50),
+            Value::Integer(2000),
         ]))
         .unwrap();
         assert_eq!((a.outcome, a.retry_in_ms), (AdvanceOutcome::Guarded, 120));
+        assert_eq!((a.batch_size, a.tick_ms), (50, 2000));
         for bad in [
             arr(&["WAT".into()]),
             arr(&["WAITING".into()]),

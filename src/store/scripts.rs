@@ -39,6 +39,7 @@ pub struct Scripts {
     pub admit: Script,
     pub settings_read: Script,
     pub settings_write: Script,
+    pub sale_write: Script,
 }
 
 impl Scripts {
@@ -63,10 +64,11 @@ impl Scripts {
                 "settings_write",
                 include_str!("../../lua/settings_write.lua"),
             ),
+            sale_write: Script::new("sale_write", include_str!("../../lua/sale_write.lua")),
         }
     }
 
-    pub fn all(&self) -> [&Script; 13] {
+    pub fn all(&self) -> [&Script; 14] {
         [
             &self.enter,
             &self.poll,
@@ -81,6 +83,7 @@ impl Scripts {
             &self.admit,
             &self.settings_read,
             &self.settings_write,
+            &self.sale_write,
         ]
     }
 }
@@ -103,8 +106,9 @@ pub enum Key<'a> {
     Waiting,
     /// Bitmap by seq: 1 while that seq waits.
     Queued,
-    /// Bitmap by seq: heartbeats in one window (`liveness.rs`).
-    Alive(u64),
+    /// The sale's parameters (`sale_write.lua`). (The heartbeat windows' bitmaps,
+    /// `alive:{windowMs}:{window}`, are named by the scripts themselves from the sale's width.)
+    Sale,
     /// The sweep's scratch bitmap.
     Sweep,
     Seq,
@@ -137,7 +141,7 @@ impl TargetKeys {
         match key {
             Key::Waiting => format!("{p}waiting"),
             Key::Queued => format!("{p}queued"),
-            Key::Alive(window) => format!("{p}alive:{window}"),
+            Key::Sale => format!("{p}sale"),
             Key::Sweep => format!("{p}sweep"),
             Key::Seq => format!("{p}seq"),
             Key::AdmittedCount => format!("{p}admitted_count"),
@@ -169,48 +173,56 @@ impl TargetKeys {
         .collect()
     }
 
-    /// KEYS of enter.lua: the shared seven and the bitmap of the heartbeat window the call falls
-    /// in (the script names a user's token key itself, from the waiting key's prefix).
-    pub fn enter_keys(&self, window: u64) -> Vec<String> {
+    /// KEYS of enter.lua: the shared seven and the sale (the script names a user's token key
+    /// and the heartbeat window's bitmap itself, from the waiting key's prefix).
+    pub fn enter_keys(&self) -> Vec<String> {
         let mut keys = self.shared_keys();
-        keys.push(self.of(Key::Alive(window)));
+        keys.push(self.of(Key::Sale));
         keys
     }
 
-    /// KEYS of poll.lua: waiting, admitted_count and the heartbeat window's bitmap (the script
-    /// names a user's token key itself, from the waiting key's prefix).
-    pub fn poll_keys(&self, window: u64) -> Vec<String> {
+    /// KEYS of poll.lua: waiting, admitted_count and the sale (the script names a user's token
+    /// key and the heartbeat window's bitmap itself).
+    pub fn poll_keys(&self) -> Vec<String> {
         vec![
             self.of(Key::Waiting),
             self.of(Key::AdmittedCount),
-            self.of(Key::Alive(window)),
+            self.of(Key::Sale),
         ]
     }
 
-    /// KEYS of issue.lua: the shared seven, the user's token key, and the bitmap of the
-    /// heartbeat window the call falls in.
-    pub fn queue_keys(&self, user: u64, window: u64) -> Vec<String> {
+    /// KEYS of issue.lua: the shared seven, the user's token key, and the sale.
+    pub fn queue_keys(&self, user: u64) -> Vec<String> {
         let mut keys = self.shared_keys();
         keys.push(self.of(Key::Token(user)));
-        keys.push(self.of(Key::Alive(window)));
+        keys.push(self.of(Key::Sale));
         keys
     }
 
-    /// KEYS of sweep.lua: waiting, queued, the scratch bitmap, then the windows it reads.
-    pub fn sweep_keys(&self, windows: std::ops::RangeInclusive<u64>) -> Vec<String> {
-        let mut keys = vec![
+    /// KEYS of sweep.lua: waiting, queued, the scratch bitmap and the sale (the script names the
+    /// windows it reads from the sale's width).
+    pub fn sweep_keys(&self) -> Vec<String> {
+        vec![
             self.of(Key::Waiting),
             self.of(Key::Queued),
             self.of(Key::Sweep),
-        ];
-        keys.extend(windows.map(|w| self.of(Key::Alive(w))));
-        keys
+            self.of(Key::Sale),
+        ]
     }
 
-    /// KEYS of advance.lua: the shared seven, then the tick guard.
+    /// KEYS of advance.lua: the shared seven, the tick guard, the sale.
     pub fn advance_keys(&self) -> Vec<String> {
         let mut keys = self.shared_keys();
         keys.push(self.of(Key::LastAdvance));
+        keys.push(self.of(Key::Sale));
+        keys
+    }
+
+    /// Every key of a target's queue but the users' tokens and claims (they expire on their
+    /// own): what deleting a sale drops with it.
+    pub fn queue_state_keys(&self) -> Vec<String> {
+        let mut keys = self.shared_keys();
+        keys.extend([Key::LastAdvance, Key::Lock, Key::Summary, Key::Sweep].map(|k| self.of(k)));
         keys
     }
 }
@@ -225,9 +237,9 @@ mod tests {
         let k = TargetKeys::new(QueueTarget::new(TargetType::LimitedDrop, 42));
         assert_eq!(k.of(Key::Waiting), "queue:{LIMITED_DROP:42}:waiting");
         assert_eq!(k.of(Key::Token(1001)), "queue:{LIMITED_DROP:42}:token:1001");
-        assert_eq!(k.of(Key::Alive(7)), "queue:{LIMITED_DROP:42}:alive:7");
-        let sweep = k.sweep_keys(3..=5);
-        assert_eq!(sweep.len(), 6);
+        assert_eq!(k.of(Key::Sale), "queue:{LIMITED_DROP:42}:sale");
+        let sweep = k.sweep_keys();
+        assert_eq!(sweep.len(), 4);
         assert!(sweep
             .iter()
             .all(|k| k.starts_with("queue:{LIMITED_DROP:42}:")));

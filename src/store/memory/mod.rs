@@ -15,9 +15,10 @@ use super::liveness::Liveness;
 use super::{
     Advance, AdvanceOutcome, EnterOutcome, Instances, Mint, Now, PollOutcome, QueueStore,
     Registering, StoreError, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS,
-    TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
+    TARGET_KEY_TTL_SECS, WAIT_SAMPLES, WHOLE_BATCH_PPM,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
+use crate::sale::{Sale, SaleDefaults, SalePatch, SaleState};
 
 mod chunked;
 mod fenwick;
@@ -30,8 +31,9 @@ use waiting::Waiting;
 #[derive(Debug)]
 struct Waiter {
     seq: u64,
-    /// The latest heartbeat window (`liveness.rs`) the user polled in.
+    /// The latest heartbeat window (`liveness.rs`) the user polled in, and its width.
     heartbeat_window: u64,
+    heartbeat_width: u64,
     entered_ms: u64,
 }
 
@@ -94,6 +96,12 @@ struct TargetState {
     waiting: Waiting<Waiter>,
     /// (latest heartbeat window, user), stalest first, for eviction.
     by_heartbeat: BTreeSet<(u64, u64)>,
+    /// Whether some waiter's latest heartbeat is in a window of another width than the sale's
+    /// (its heartbeat timeout changed): the next sweep that may evict looks at every waiter.
+    mixed_widths: bool,
+    /// The sale a first enter created from the defaults (an operator's sale is kept apart, in
+    /// `MemoryStore::sales`, and outlives the target's state); it expires with the target.
+    auto_sale: Option<Sale>,
     last_advance_ms: Option<u64>,
     /// The minimum interval between two advances the pump last asked for (its tick guard).
     guard_ms: u64,
@@ -149,13 +157,15 @@ impl TargetState {
         }
     }
 
-    /// Marks the user alive in `window` (a heartbeat never moves it back, as a bit set in an
-    /// earlier window's bitmap stays set).
-    fn heartbeat(&mut self, user: u64, window: u64) {
+    /// Marks the user alive in `window` of `width` ms (a heartbeat never moves it back, as a bit
+    /// set in an earlier window's bitmap stays set; a window of a new width replaces one of the
+    /// old, which the sweeps no longer read).
+    fn heartbeat(&mut self, user: u64, width: u64, window: u64) {
         if let Some(w) = self.waiting.get_mut(&user) {
-            if window > w.heartbeat_window {
+            if w.heartbeat_width != width || window > w.heartbeat_window {
                 self.by_heartbeat.remove(&(w.heartbeat_window, user));
                 w.heartbeat_window = window;
+                w.heartbeat_width = width;
                 self.by_heartbeat.insert((window, user));
             }
         }
@@ -183,7 +193,10 @@ pub struct MemoryStore {
     /// Single-use claims: (target, token id) → (expiry (epoch ms), owner).
     claims: Mutex<HashMap<(QueueTarget, String), (u64, String)>>,
     max_targets: usize,
-    liveness: Liveness,
+    /// What a sale is created with when its creator does not say (`[queue]`).
+    defaults: SaleDefaults,
+    /// The sales an operator created or changed (`put_sale`): they never expire.
+    sales: Mutex<HashMap<QueueTarget, Sale>>,
 }
 
 impl Default for MemoryStore {
@@ -192,7 +205,8 @@ impl Default for MemoryStore {
             targets: Mutex::default(),
             claims: Mutex::default(),
             max_targets: DEFAULT_MAX_TARGETS,
-            liveness: Liveness::default(),
+            defaults: SaleDefaults::default(),
+            sales: Mutex::default(),
         }
     }
 }
@@ -206,9 +220,9 @@ impl MemoryStore {
         MemoryStore::default()
     }
 
-    /// The heartbeat window (`queue.heartbeat_timeout_s`).
-    pub fn with_liveness(mut self, liveness: Liveness) -> MemoryStore {
-        self.liveness = liveness;
+    /// What a sale is created with when its creator does not say (`[queue]`).
+    pub fn with_sale_defaults(mut self, defaults: SaleDefaults) -> MemoryStore {
+        self.defaults = defaults;
         self
     }
 
@@ -286,18 +300,28 @@ impl QueueStore for MemoryStore {
         target: QueueTarget,
         user: u64,
         now: Now,
-        capacity: u64,
     ) -> Result<EnterOutcome, StoreError> {
         if !self.admits_target(target, now)? {
             return Ok(EnterOutcome::TooManyTargets);
         }
-        let window = self.liveness.window(now.epoch_ms);
+        let operators = self.sales.lock().get(&target).cloned();
         self.with_target(target, now, |t| {
+            // As enter.lua: the sale's capacity and window width; a first enter creates the sale.
+            let sale = match operators.or_else(|| t.auto_sale.clone()) {
+                Some(sale) => sale,
+                None => {
+                    let sale = self.defaults.sale(now.epoch_ms);
+                    t.auto_sale = Some(sale.clone());
+                    sale
+                }
+            };
+            let (capacity, width) = (sale.max_capacity, sale.window_ms);
+            let window = Liveness::of_width(width).window(now.epoch_ms);
             if let Some((expires_at, token)) = t.token(user, now) {
                 return EnterOutcome::Admitted { token, expires_at };
             }
             if let Some(seq) = t.waiting.get(&user).map(|w| w.seq) {
-                t.heartbeat(user, window);
+                t.heartbeat(user, width, window);
                 t.last_write_ms = now.epoch_ms;
                 return EnterOutcome::Waiting {
                     seq,
@@ -321,6 +345,7 @@ impl QueueStore for MemoryStore {
                 Waiter {
                     seq,
                     heartbeat_window: window,
+                    heartbeat_width: width,
                     entered_ms: now.epoch_ms,
                 },
             );
@@ -340,8 +365,13 @@ impl QueueStore for MemoryStore {
         now: Now,
         mint: Mint<'_>,
     ) -> Result<PollOutcome, StoreError> {
-        let window = self.liveness.window(now.epoch_ms);
+        let operators = self.sales.lock().get(&target).cloned();
+        let default_width = crate::sale::window_ms(self.defaults.heartbeat_timeout_s);
         self.with_target(target, now, |t| {
+            let width = operators
+                .or_else(|| t.auto_sale.clone())
+                .map_or(default_width, |s| s.window_ms);
+            let window = Liveness::of_width(width).window(now.epoch_ms);
             if let Some((expires_at, token)) = t.token(user, now) {
                 return PollOutcome::Admitted {
                     token,
@@ -369,7 +399,7 @@ impl QueueStore for MemoryStore {
                     waited_ms,
                 };
             }
-            t.heartbeat(user, window);
+            t.heartbeat(user, width, window);
             PollOutcome::Waiting {
                 seq,
                 ahead: t.rank(seq),
@@ -452,12 +482,24 @@ impl QueueStore for MemoryStore {
     async fn advance(
         &self,
         target: QueueTarget,
-        batch: u32,
-        min_interval: Duration,
+        share_ppm: u32,
         now: Now,
     ) -> Result<Advance, StoreError> {
+        let operators = self.sales.lock().get(&target).cloned();
         self.with_target(target, now, |t| {
-            t.guard_ms = millis(min_interval);
+            // As advance.lua: the sale's batch, tick and state, or the defaults for a sale that
+            // does not exist.
+            let d = self.defaults;
+            let (batch_size, tick_ms, paused) = match operators.or_else(|| t.auto_sale.clone()) {
+                Some(s) => (s.batch_size, s.tick_ms, s.state == SaleState::Paused),
+                None => (d.batch_size, d.tick_ms, false),
+            };
+            let batch = u32::try_from(
+                u64::from(batch_size) * u64::from(share_ppm) / u64::from(WHOLE_BATCH_PPM),
+            )
+            .unwrap_or(u32::MAX);
+            let min_ms = tick_ms * 95 / 100;
+            t.guard_ms = min_ms;
             let waiting = t.waiting.len() as u64;
             let result = |outcome, admitted_count, admitted_now| Advance {
                 outcome,
@@ -465,8 +507,12 @@ impl QueueStore for MemoryStore {
                 admitted_now,
                 waiting,
                 retry_in_ms: 0,
+                batch_size,
+                tick_ms,
             };
-            let min_ms = millis(min_interval);
+            if paused {
+                return result(AdvanceOutcome::Paused, t.admitted_count, 0);
+            }
             if let Some(since) = t
                 .last_advance_ms
                 .map(|last| now.epoch_ms.saturating_sub(last))
@@ -479,7 +525,7 @@ impl QueueStore for MemoryStore {
             }
             let below = t.live_upto(t.admitted_count);
             let live_above = t.live.prefix(t.live.len()) - below;
-            if live_above <= 0 || t.admitted_count >= t.seq {
+            if live_above <= 0 || t.admitted_count >= t.seq || batch == 0 {
                 return result(AdvanceOutcome::Idle, t.admitted_count, 0);
             }
             let batch = i64::from(batch);
@@ -507,28 +553,123 @@ impl QueueStore for MemoryStore {
     async fn sweep(
         &self,
         target: QueueTarget,
-        cutoff_ms: u64,
+        credit_ms: u64,
         max: u32,
         now: Now,
     ) -> Result<u64, StoreError> {
-        // As sweep.lua: users with a heartbeat in a window from the cutoff's on are kept, the
-        // others evicted lowest seq first; with the cutoff too far back, nobody.
-        let Some(windows) = self.liveness.sweep_windows(cutoff_ms, now.epoch_ms) else {
-            return self.with_target(target, now, |_| 0);
-        };
+        // As sweep.lua: users with a heartbeat in a window of the sale's width from the cutoff's
+        // on are kept, the others evicted lowest seq first; with the cutoff too far back, or
+        // before the width took effect, nobody.
+        let operators = self.sales.lock().get(&target).cloned();
+        let d = self.defaults;
         self.with_target(target, now, |t| {
-            let mut stale: Vec<(u64, u64)> = t
-                .by_heartbeat
-                .range(..(*windows.start(), 0))
-                .filter_map(|(_, user)| t.waiting.get(user).map(|w| (w.seq, *user)))
-                .collect();
+            let sale = operators
+                .or_else(|| t.auto_sale.clone())
+                .unwrap_or_else(|| d.sale(0));
+            let cutoff_ms = now
+                .epoch_ms
+                .saturating_sub(sale.heartbeat_timeout_s * 1000)
+                .saturating_sub(credit_ms);
+            let liveness = Liveness::of_width(sale.window_ms);
+            let Some(windows) = liveness.sweep_windows(cutoff_ms, now.epoch_ms) else {
+                return 0;
+            };
+            if cutoff_ms < sale.window_since_ms {
+                return 0;
+            }
+            let width = sale.window_ms;
+            let mut stale: Vec<(u64, u64)> = if t.mixed_widths {
+                t.waiting
+                    .iter()
+                    .filter(|(_, w)| {
+                        w.heartbeat_width != width || w.heartbeat_window < *windows.start()
+                    })
+                    .map(|(user, w)| (w.seq, *user))
+                    .collect()
+            } else {
+                t.by_heartbeat
+                    .range(..(*windows.start(), 0))
+                    .filter_map(|(_, user)| t.waiting.get(user).map(|w| (w.seq, *user)))
+                    .collect()
+            };
             stale.sort_unstable();
+            let all_stale = stale.len();
             stale.truncate(max as usize);
             for (_, user) in &stale {
                 t.remove_waiter(*user);
             }
+            if t.mixed_widths && stale.len() == all_stale {
+                // Every waiter of an old width was stale, and is gone.
+                t.mixed_widths = false;
+            }
             stale.len() as u64
         })
+    }
+
+    async fn sale(&self, target: QueueTarget) -> Result<Option<Sale>, StoreError> {
+        if let Some(s) = self.sales.lock().get(&target) {
+            return Ok(Some(s.clone()));
+        }
+        let targets = self.targets.lock();
+        Ok(targets.map.get(&target).and_then(|t| t.auto_sale.clone()))
+    }
+
+    async fn put_sale(
+        &self,
+        target: QueueTarget,
+        patch: &SalePatch,
+        now: Now,
+    ) -> Result<Sale, StoreError> {
+        let mut targets = self.targets.lock();
+        let state = targets.map.get_mut(&target);
+        let mut sales = self.sales.lock();
+        let old = sales
+            .get(&target)
+            .cloned()
+            .or_else(|| state.as_ref().and_then(|t| t.auto_sale.clone()));
+        let sale = Sale::merged(old.as_ref(), patch, self.defaults, now.epoch_ms);
+        if let Some(t) = state {
+            t.auto_sale = None;
+            if old.is_some_and(|o| o.window_ms != sale.window_ms) {
+                t.mixed_widths = true;
+            }
+        }
+        sales.insert(target, sale.clone());
+        Ok(sale)
+    }
+
+    async fn restore_sale(&self, target: QueueTarget, sale: &Sale) -> Result<Sale, StoreError> {
+        let mut sales = self.sales.lock();
+        let stored = sales.entry(target).or_insert_with(|| sale.clone());
+        if stored.version < sale.version {
+            *stored = sale.clone();
+        }
+        Ok(stored.clone())
+    }
+
+    async fn delete_sale(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        let mut targets = self.targets.lock();
+        let Targets { map, open, .. } = &mut *targets;
+        // As in Redis, the users' tokens stay (they expire on their own); the rest goes.
+        let had_state = match map.remove(&target) {
+            Some(t) => {
+                if !t.waiting.is_empty() {
+                    *open = open.saturating_sub(1);
+                }
+                if !t.tokens.is_empty() {
+                    let kept = TargetState {
+                        tokens: t.tokens,
+                        last_write_ms: t.last_write_ms,
+                        ..TargetState::default()
+                    };
+                    map.insert(target, kept);
+                }
+                t.auto_sale.is_some()
+            }
+            None => false,
+        };
+        let operators = self.sales.lock().remove(&target).is_some();
+        Ok(operators || had_state)
     }
 
     async fn claim(
@@ -591,6 +732,15 @@ impl QueueStore for MemoryStore {
 mod tests {
     use super::*;
 
+    /// Sales of one user per 10 ms tick.
+    fn one_a_tick() -> SaleDefaults {
+        SaleDefaults {
+            batch_size: 1,
+            tick_ms: 10,
+            ..SaleDefaults::default()
+        }
+    }
+
     #[test]
     fn waiting_polls_do_not_extend_the_key_ttl_admission_steps_do() {
         use crate::queue::TargetType;
@@ -598,14 +748,14 @@ mod tests {
             .build()
             .unwrap();
         rt.block_on(async {
-            let s = MemoryStore::default();
+            let s = MemoryStore::default().with_sale_defaults(one_a_tick());
             let t = QueueTarget::new(TargetType::LimitedDrop, 1);
             let at = |min: u64| Now {
                 epoch_ms: 1_000 + min * 60_000,
             };
             let never = || -> crate::store::TokenCandidate { unreachable!("a waiting poll signs") };
-            s.enter(t, 1, at(0), u64::MAX).await.unwrap();
-            s.enter(t, 2, at(0), u64::MAX).await.unwrap();
+            s.enter(t, 1, at(0)).await.unwrap();
+            s.enter(t, 2, at(0)).await.unwrap();
             let waiting = PollOutcome::Waiting { seq: 2, ahead: 1 };
             assert_eq!(s.poll(t, 2, at(20), &never).await.unwrap(), waiting);
             // 31 minutes after the last enter: polls alone kept nothing alive.
@@ -614,11 +764,9 @@ mod tests {
                 PollOutcome::NotInQueue
             );
             // An admission step refreshes the keys like an enter does.
-            s.enter(t, 3, at(40), u64::MAX).await.unwrap();
-            s.enter(t, 4, at(40), u64::MAX).await.unwrap();
-            s.advance(t, 1, Duration::from_millis(1), at(60))
-                .await
-                .unwrap();
+            s.enter(t, 3, at(40)).await.unwrap();
+            s.enter(t, 4, at(40)).await.unwrap();
+            s.advance(t, WHOLE_BATCH_PPM, at(60)).await.unwrap();
             assert_eq!(
                 s.poll(t, 4, at(80), &never).await.unwrap(),
                 PollOutcome::Waiting { seq: 2, ahead: 1 }
@@ -633,16 +781,16 @@ mod tests {
             .build()
             .unwrap();
         rt.block_on(async {
-            let s = MemoryStore::default();
+            let s = MemoryStore::default().with_sale_defaults(one_a_tick());
             let t = QueueTarget::new(TargetType::LimitedDrop, 1);
             let now = Now { epoch_ms: 1_000 };
-            s.enter(t, 1, now, u64::MAX).await.unwrap();
+            s.enter(t, 1, now).await.unwrap();
             // 20,000 users come and go; user 1 stays at the front.
             for u in 2..20_002 {
-                s.enter(t, u, now, u64::MAX).await.unwrap();
+                s.enter(t, u, now).await.unwrap();
                 s.leave(t, u).await.unwrap();
             }
-            s.enter(t, 99_999, now, u64::MAX).await.unwrap();
+            s.enter(t, 99_999, now).await.unwrap();
             let slots = s.targets.lock().map[&t].slots.len();
             assert!(slots < 2 * COMPACT_MIN, "{slots} slots for 2 waiting users");
             let c = || crate::store::TokenCandidate {
@@ -656,9 +804,10 @@ mod tests {
                     ahead: 1
                 }
             );
-            let a = s.advance(t, 1, Duration::ZERO, now).await.unwrap();
+            let a = s.advance(t, WHOLE_BATCH_PPM, now).await.unwrap();
             assert_eq!((a.admitted_count, a.admitted_now), (1, 1));
-            let a = s.advance(t, 1, Duration::ZERO, now).await.unwrap();
+            let later = Now { epoch_ms: 1_010 };
+            let a = s.advance(t, WHOLE_BATCH_PPM, later).await.unwrap();
             assert_eq!((a.admitted_count, a.admitted_now), (20_002, 1));
         });
     }
@@ -680,10 +829,10 @@ mod tests {
             };
             let waiting = |o: EnterOutcome| matches!(o, EnterOutcome::Waiting { .. });
             // A real sale with a user waiting.
-            assert!(waiting(s.enter(t(1), 1, at(0), 100).await.unwrap()));
+            assert!(waiting(s.enter(t(1), 1, at(0)).await.unwrap()));
             let mut refused = 0;
             for id in 2..10_000 {
-                match s.enter(t(id), 7, at(id), 100).await.unwrap() {
+                match s.enter(t(id), 7, at(id)).await.unwrap() {
                     EnterOutcome::TooManyTargets => refused += 1,
                     o => assert!(waiting(o)),
                 }
@@ -694,19 +843,19 @@ mod tests {
             assert!(refused >= 9_990, "{refused} refused");
             assert_eq!(s.targets.lock().open, 1);
             // The real sale is untouched.
-            assert!(waiting(s.enter(t(1), 2, at(10_000), 100).await.unwrap()));
+            assert!(waiting(s.enter(t(1), 2, at(10_000)).await.unwrap()));
             // Once the churned targets have idled for EMPTIED_KEEP_MS, they make room.
             let later = at(10_000 + EMPTIED_KEEP_MS + PURGE_EVERY_MS);
-            assert!(waiting(s.enter(t(20_000), 1, later, 100).await.unwrap()));
+            assert!(waiting(s.enter(t(20_000), 1, later).await.unwrap()));
             assert_eq!(s.targets.lock().open, 2);
             assert_eq!(
-                s.enter(t(20_001), 1, later, 100).await.unwrap(),
+                s.enter(t(20_001), 1, later).await.unwrap(),
                 EnterOutcome::TooManyTargets,
                 "two targets have users waiting"
             );
             s.leave(t(20_000), 1).await.unwrap();
             assert_eq!(s.targets.lock().open, 1);
-            assert!(waiting(s.enter(t(20_001), 1, later, 100).await.unwrap()));
+            assert!(waiting(s.enter(t(20_001), 1, later).await.unwrap()));
         });
     }
 }

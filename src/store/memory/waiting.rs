@@ -81,6 +81,10 @@ impl<V> Waiting<V> {
     pub(super) fn values(&self) -> impl Iterator<Item = &V> {
         self.shards.iter().flat_map(|s| s.values())
     }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&u64, &V)> {
+        self.shards.iter().flat_map(|s| s.iter())
+    }
 }
 
 #[cfg(test)]

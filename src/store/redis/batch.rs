@@ -1,8 +1,8 @@
 //! Enters and polls gathered per thread and target, and sent as one script call.
 //!
 //! In a sale, many requests for the same target arrive on a proxy thread while one of its
-//! calls is on its way to Redis. A call that finds no open batch for its (store, script, target,
-//! heartbeat window) opens one and leads it. If no call of that key is in flight on the thread,
+//! calls is on its way to Redis. A call that finds no open batch for its (store, script, target)
+//! opens one and leads it. If no call of that key is in flight on the thread,
 //! the leader sends at once: a call alone pays nothing for batching. If one is in flight, the
 //! leader waits until it has answered (at most `MAX_WAIT`), and the calls of the same key that
 //! come meanwhile join its batch (group commit): the busier the thread, the bigger the batch,
@@ -38,10 +38,10 @@ pub const MAX_BATCH: usize = 64;
 /// Redis adds at most this to a call's time, not a whole round trip.
 pub const MAX_WAIT: Duration = Duration::from_millis(2);
 
-/// Which script a batch is for, with what makes its calls differ.
+/// Which script a batch is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
-    Enter { capacity: u64 },
+    Enter,
     Poll,
 }
 
@@ -52,8 +52,6 @@ pub struct BatchKey {
     pub store: u64,
     pub kind: Kind,
     pub target: QueueTarget,
-    /// The heartbeat window (`Liveness::window`) the calls fall in.
-    pub window: u64,
 }
 
 /// Sends one batch: its users in order and the latest `now` (ms) among its calls; answers one
@@ -279,7 +277,6 @@ mod tests {
             store: 0,
             kind: Kind::Poll,
             target: QueueTarget::new(TargetType::LimitedDrop, target),
-            window: 1,
         }
     }
 

@@ -38,7 +38,6 @@ use pipe::{PipeError, Pipes};
 use sentinel::SentinelWatch;
 use url::{Deployment, RedisUrl};
 
-use super::liveness::Liveness;
 use super::replies::{self, as_u64, reply_array, PollReply};
 use super::scripts::{
     Key, Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_CREDIT_KEY, INSTANCES_KEY,
@@ -48,6 +47,7 @@ use super::{
     ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
+use crate::sale::{Sale, SaleDefaults, SalePatch};
 
 /// How often one instance re-adds a target it serves to `queue:active` (the pump drops targets
 /// whose keys expired, so a live target must be re-registered now and then).
@@ -78,7 +78,8 @@ pub struct RedisStore {
     scripts: Arc<Scripts>,
     registered: Mutex<HashMap<QueueTarget, Instant>>,
     max_targets: usize,
-    liveness: Liveness,
+    /// What a sale is created with when its creator does not say (`[queue]`).
+    defaults: SaleDefaults,
     /// Makes the script calls; shared with the tasks that send gathered enters and polls.
     caller: Arc<Caller>,
     /// Tells this store's gathered calls from another store's on the same thread.
@@ -169,7 +170,7 @@ impl RedisStore {
             scripts: Arc::new(Scripts::load()),
             registered: Mutex::new(HashMap::new()),
             max_targets: DEFAULT_MAX_TARGETS,
-            liveness: Liveness::default(),
+            defaults: SaleDefaults::default(),
             caller,
             id: batch::store_id(),
             deployment,
@@ -252,10 +253,30 @@ impl RedisStore {
         Ok(as_u64(&reply, "setnx")? == 1)
     }
 
-    /// The heartbeat window (`queue.heartbeat_timeout_s`; every replica must use the same).
-    pub fn with_liveness(mut self, liveness: Liveness) -> RedisStore {
-        self.liveness = liveness;
+    /// What a sale is created with when its creator does not say (`[queue]`): replicas may
+    /// differ here, since a sale's parameters, once created, are read from Redis only.
+    pub fn with_sale_defaults(mut self, defaults: SaleDefaults) -> RedisStore {
+        self.defaults = defaults;
         self
+    }
+
+    /// The caller's defaults as script arguments (batchSize, tickMs, maxCapacity,
+    /// heartbeatTimeoutS).
+    fn default_args(&self) -> [Value; 4] {
+        let d = &self.defaults;
+        [
+            d.batch_size.to_string().into(),
+            d.tick_ms.to_string().into(),
+            d.max_capacity.to_string().into(),
+            d.heartbeat_timeout_s.to_string().into(),
+        ]
+    }
+
+    /// The default heartbeat window width, for a sale that does not exist.
+    fn default_window_arg(&self) -> Value {
+        crate::sale::window_ms(self.defaults.heartbeat_timeout_s)
+            .to_string()
+            .into()
     }
 
     /// Caps the number of targets with a live queue (`queue:active`).
@@ -505,7 +526,6 @@ impl QueueStore for RedisStore {
         target: QueueTarget,
         user: u64,
         now: Now,
-        capacity: u64,
     ) -> Result<EnterOutcome, StoreError> {
         // The cap: a target this instance did not see admitted lately goes through admit.lua
         // first; a known one skips that round trip.
@@ -515,22 +535,18 @@ impl QueueStore for RedisStore {
         }
         let key = BatchKey {
             store: self.id,
-            kind: Kind::Enter { capacity },
+            kind: Kind::Enter,
             target,
-            window: self.liveness.window(now.epoch_ms),
         };
         let reply = batch::join(key, user, now.epoch_ms, || {
             let (caller, scripts) = (self.caller.clone(), self.scripts.clone());
-            let window_ttl = self.liveness.key_ttl_ms();
+            let defaults = self.default_args();
             Box::new(move |users, now_ms| {
                 Box::pin(async move {
-                    let keys = TargetKeys::new(target).enter_keys(key.window);
-                    let mut argv: Vec<Value> = vec![
-                        now_ms.to_string().into(),
-                        capacity.to_string().into(),
-                        KEY_TTL_MS.to_string().into(),
-                        window_ttl.to_string().into(),
-                    ];
+                    let keys = TargetKeys::new(target).enter_keys();
+                    let mut argv: Vec<Value> =
+                        vec![now_ms.to_string().into(), KEY_TTL_MS.to_string().into()];
+                    argv.extend(defaults);
                     argv.extend(users.iter().map(|u| u.to_string().into()));
                     let flat =
                         reply_array(caller.eval(&scripts.enter, &keys, &argv).await?, "enter")?;
@@ -560,19 +576,19 @@ impl QueueStore for RedisStore {
         now: Now,
         mint: Mint<'_>,
     ) -> Result<PollOutcome, StoreError> {
-        let window = self.liveness.window(now.epoch_ms);
         let key = BatchKey {
             store: self.id,
             kind: Kind::Poll,
             target,
-            window,
         };
         let reply = batch::join(key, user, now.epoch_ms, || {
             let (caller, scripts) = (self.caller.clone(), self.scripts.clone());
-            Box::new(move |users, _now_ms| {
+            let window = self.default_window_arg();
+            Box::new(move |users, now_ms| {
                 Box::pin(async move {
-                    let keys = TargetKeys::new(target).poll_keys(window);
-                    let argv: Vec<Value> = users.iter().map(|u| u.to_string().into()).collect();
+                    let keys = TargetKeys::new(target).poll_keys();
+                    let mut argv: Vec<Value> = vec![now_ms.to_string().into(), window];
+                    argv.extend(users.iter().map(|u| u.to_string().into()));
                     let flat =
                         reply_array(caller.eval(&scripts.poll, &keys, &argv).await?, "poll")?;
                     replies::per_user(flat, replies::poll_fields, "poll")
@@ -596,8 +612,9 @@ impl QueueStore for RedisStore {
                     token_ttl.to_string().into(),
                     KEY_TTL_MS.to_string().into(),
                     WAIT_SAMPLES.to_string().into(),
+                    self.default_window_arg(),
                 ];
-                let keys = TargetKeys::new(target).queue_keys(user, window);
+                let keys = TargetKeys::new(target).queue_keys(user);
                 // Boxed: once per user, and inline it would make every poll's future larger.
                 let issued = Box::pin(self.eval(&self.scripts.issue, keys, argv)).await?;
                 replies::issue(issued)?
@@ -724,16 +741,17 @@ impl QueueStore for RedisStore {
     async fn advance(
         &self,
         target: QueueTarget,
-        batch: u32,
-        min_interval: Duration,
+        share_ppm: u32,
         _now: Now,
     ) -> Result<Advance, StoreError> {
         let keys = TargetKeys::new(target).advance_keys();
+        let d = &self.defaults;
         let argv = vec![
-            batch.to_string().into(),
-            millis(min_interval).to_string().into(),
+            share_ppm.to_string().into(),
             KEY_TTL_MS.to_string().into(),
             ADVANCE_SAMPLES.to_string().into(),
+            d.batch_size.to_string().into(),
+            d.tick_ms.to_string().into(),
         ];
         replies::advance(self.eval(&self.scripts.advance, keys, argv).await?)
     }
@@ -741,23 +759,102 @@ impl QueueStore for RedisStore {
     async fn sweep(
         &self,
         target: QueueTarget,
-        cutoff_ms: u64,
+        credit_ms: u64,
         max: u32,
         now: Now,
     ) -> Result<u64, StoreError> {
-        // With the cutoff too far back, the script still runs, evicting nobody: it gives the
-        // bitmaps polls created their lifetime.
-        let (windows, max) = match self.liveness.sweep_windows(cutoff_ms, now.epoch_ms) {
-            Some(windows) => (windows, max),
-            None => (self.liveness.recent_windows(now.epoch_ms), 0),
-        };
-        let keys = TargetKeys::new(target).sweep_keys(windows);
+        let keys = TargetKeys::new(target).sweep_keys();
         let argv = vec![
             max.to_string().into(),
-            self.liveness.key_ttl_ms().to_string().into(),
+            now.epoch_ms.to_string().into(),
+            credit_ms.to_string().into(),
+            self.defaults.heartbeat_timeout_s.to_string().into(),
         ];
         let reply = self.eval(&self.scripts.sweep, keys, argv).await?;
         as_u64(&reply, "evicted")
+    }
+
+    async fn sale(&self, target: QueueTarget) -> Result<Option<Sale>, StoreError> {
+        let key = TargetKeys::new(target).of(Key::Sale);
+        let reply = self
+            .command("HGETALL", vec![key.into()])
+            .await
+            .map_err(store_err)?;
+        replies::sale(reply)
+    }
+
+    async fn put_sale(
+        &self,
+        target: QueueTarget,
+        patch: &SalePatch,
+        now: Now,
+    ) -> Result<Sale, StoreError> {
+        let mut argv: Vec<Value> = vec!["merge".into(), now.epoch_ms.to_string().into()];
+        for (field, value) in patch.fields() {
+            argv.push(field.into());
+            argv.push(value.into());
+        }
+        let defaults = self.defaults.sale(now.epoch_ms);
+        for (field, value) in defaults.to_fields() {
+            if crate::sale::FIELDS.contains(&field) {
+                argv.push(format!("default:{field}").into());
+                argv.push(value.into());
+            }
+        }
+        let keys = vec![TargetKeys::new(target).of(Key::Sale)];
+        let reply = self.eval(&self.scripts.sale_write, keys, argv).await?;
+        replies::sale(reply)?.ok_or_else(|| StoreError::Protocol("sale_write: no sale".into()))
+    }
+
+    async fn restore_sale(&self, target: QueueTarget, sale: &Sale) -> Result<Sale, StoreError> {
+        let mut argv: Vec<Value> = vec![
+            "restore".into(),
+            crate::clock::now().epoch_ms.to_string().into(),
+        ];
+        for (field, value) in sale.to_fields() {
+            argv.push(field.into());
+            argv.push(value.into());
+        }
+        let keys = vec![TargetKeys::new(target).of(Key::Sale)];
+        let reply = self.eval(&self.scripts.sale_write, keys, argv).await?;
+        replies::sale(reply)?.ok_or_else(|| StoreError::Protocol("sale_write: no sale".into()))
+    }
+
+    async fn delete_sale(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        let k = TargetKeys::new(target);
+        let mut keys = vec![k.of(Key::Sale)];
+        keys.extend(k.queue_state_keys());
+        // One slot: one DEL (the sale first in its answer does not matter, the count does).
+        let existed = self
+            .command("EXISTS", vec![k.of(Key::Sale).into()])
+            .await
+            .map_err(store_err)?;
+        self.command("DEL", keys.into_iter().map(Value::from).collect())
+            .await
+            .map_err(store_err)?;
+        self.command("SREM", vec![ACTIVE_KEY.into(), target.to_string().into()])
+            .await
+            .map_err(store_err)?;
+        self.registered.lock().remove(&target);
+        Ok(as_u64(&existed, "exists")? > 0)
+    }
+
+    async fn register_sale(&self, target: QueueTarget, on: bool) -> Result<(), StoreError> {
+        let op = if on { "add" } else { "remove" };
+        let items = [(target.to_string(), String::new())];
+        let now_ms = crate::clock::now().epoch_ms;
+        let (status, _) = self
+            .write_doc(crate::settings::DocKind::Targets, op, now_ms, false, &items)
+            .await?;
+        match status.as_str() {
+            "ok" => Ok(()),
+            // Lost with Redis' data: the replicas write the whole list back within seconds; a
+            // partial one written now would drop the other sales from it.
+            "missing" => Err(StoreError::Unavailable(
+                "the list of registered sales is missing from Redis (lost, or never created); the replicas write it back within seconds: try again".into(),
+            )),
+            other => Err(StoreError::Protocol(format!("settings_write: `{other}`"))),
+        }
     }
 
     async fn claim(

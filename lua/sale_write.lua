@@ -1,0 +1,84 @@
+#!lua flags=allow-oom
+-- sale_write.lua: creates, changes or restores a sale (`queue:{T}:sale`, a hash): the one source
+-- of truth for the sale's parameters, which enter.lua, poll.lua, advance.lua and sweep.lua read
+-- in the same step as the state they act on, so two replicas never apply different values to
+-- one sale whatever their config files say.
+--
+-- KEYS[1] queue:{T}:sale
+-- ARGV[1] mode: "merge" (an operator's change: the given fields over the stored ones, or over
+--         the defaults below for a new sale; the version goes up by one) | "restore" (a replica
+--         writing back what it last read: the whole document, only when the stored one is
+--         missing or older)
+-- ARGV[2] now (ms), ARGV[3..] field, value pairs (merge: the changed fields, then the defaults as
+--         "default:<field>", value; restore: every field)
+-- Reply: the stored hash after the call as a flat array (HGETALL), whatever the mode did.
+--
+-- Fields: batchSize, tickMs, maxCapacity, heartbeatTimeoutS, state ("open" | "paused"), version
+-- (0: created by an enter from that replica's defaults), updatedAtMs, and two derived from the
+-- heartbeat timeout: windowMs (the width of the heartbeat windows, a quarter of the timeout) and
+-- windowSince (when that width took effect: sweeps evict nobody until a whole timeout has passed
+-- since, as the heartbeats before it are in windows of the old width, which they no longer read).
+-- An operator-written sale never expires (PERSIST); one an enter created expires with the
+-- target's keys.
+
+local key, mode, now = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local call = redis.call
+
+local function window_of(timeout_s)
+  return math.max(1, math.floor(tonumber(timeout_s) * 1000 / 4))
+end
+
+if mode == 'restore' then
+  local stored = tonumber(call('HGET', key, 'version') or '-1')
+  local given = {}
+  for i = 3, #ARGV, 2 do
+    given[ARGV[i]] = ARGV[i + 1]
+  end
+  if stored < tonumber(given['version']) then
+    call('DEL', key)
+    for i = 3, #ARGV, 2 do
+      call('HSET', key, ARGV[i], ARGV[i + 1])
+    end
+  end
+  return call('HGETALL', key)
+end
+
+local old = {}
+local flat = call('HGETALL', key)
+for i = 1, #flat, 2 do
+  old[flat[i]] = flat[i + 1]
+end
+local new, defaults = {}, {}
+for i = 3, #ARGV, 2 do
+  local f = ARGV[i]
+  local d = string.match(f, '^default:(.+)$')
+  if d then
+    defaults[d] = ARGV[i + 1]
+  else
+    new[f] = ARGV[i + 1]
+  end
+end
+local out = {}
+for _, f in ipairs({'batchSize', 'tickMs', 'maxCapacity', 'heartbeatTimeoutS', 'state'}) do
+  out[f] = new[f] or old[f] or defaults[f]
+end
+local old_window = tonumber(old['windowMs'])
+local window = window_of(out['heartbeatTimeoutS'])
+if old_window and old_window == window then
+  out['windowSince'] = old['windowSince'] or '0'
+elseif old_window then
+  out['windowSince'] = string.format('%d', now)
+else
+  out['windowSince'] = '0'
+end
+out['windowMs'] = string.format('%d', window)
+out['version'] = string.format('%d', tonumber(old['version'] or '0') + 1)
+out['updatedAtMs'] = string.format('%d', now)
+local args = {}
+for f, v in pairs(out) do
+  args[#args + 1] = f
+  args[#args + 1] = v
+end
+call('HSET', key, unpack(args))
+call('PERSIST', key)
+return call('HGETALL', key)

@@ -1,0 +1,271 @@
+//! `/sales` on the admin listener (private, like `/metrics`): an operator creates, changes,
+//! pauses and deletes sales at run time. The sale's hash in the store is the one source of truth
+//! (`crate::sale`); every replica's scripts read it, so a change takes effect at the next tick
+//! everywhere, whichever replica took it.
+//!
+//! - `GET /sales` lists the sales (registered ones and those with a queue), `GET
+//!   /sales/{type}/{id}` shows one with its live figures (404 for an unknown sale).
+//! - `PUT /sales/{type}/{id}` with a JSON object of sale fields creates the sale or merges the
+//!   fields into it (200, the full sale; 400 `BAD_REQUEST` naming the field). A created sale is
+//!   registered too (`queue:targets`), so `queue.targets = "registered"` admits it.
+//! - `DELETE /sales/{type}/{id}` drops the sale, its queue and its registration (204).
+//!
+//! Writes carry `Authorization: Bearer <token>`, the value of the environment variable named by
+//! `server.admin_token_env`, compared in constant time (an HMAC of what was sent, under a key made
+//! at start-up, against the HMAC of the token); without it configured every write is refused.
+
+use std::sync::Arc;
+
+use http::Method;
+use ring::hmac;
+
+use crate::app::AppState;
+use crate::queue::{QueueTarget, TargetType};
+use crate::sale::{Sale, SalePatch};
+use crate::store::{QueueStore, StoreError};
+
+/// The largest request body a sale change may have.
+pub const MAX_BODY: usize = 16 * 1024;
+
+/// The admin writes' credential: the HMAC of the configured token under a key of this process.
+pub struct AdminToken {
+    key: hmac::Key,
+    tag: hmac::Tag,
+}
+
+impl AdminToken {
+    /// The token of `server.admin_token_env`: `Ok(None)` without one configured; an error when the
+    /// variable is named but unset or shorter than 16 bytes (a guessable token on an endpoint
+    /// that can stop a sale).
+    pub fn from_env(var: Option<&str>) -> Result<Option<AdminToken>, String> {
+        let Some(var) = var else { return Ok(None) };
+        let value = std::env::var(var)
+            .map_err(|_| format!("server.admin_token_env names ${var}, which is not set"))?;
+        if value.len() < 16 {
+            return Err(format!(
+                "${var} (server.admin_token_env) must hold at least 16 bytes"
+            ));
+        }
+        let rng = ring::rand::SystemRandom::new();
+        let key = hmac::Key::generate(hmac::HMAC_SHA256, &rng)
+            .map_err(|_| "no randomness for the admin token's key".to_string())?;
+        let tag = hmac::sign(&key, value.as_bytes());
+        Ok(Some(AdminToken { key, tag }))
+    }
+
+    /// Whether `authorization` (the header's value) is `Bearer <the token>`.
+    fn accepts(&self, authorization: Option<&[u8]>) -> bool {
+        let Some(token) = authorization.and_then(|h| h.strip_prefix(b"Bearer ")) else {
+            return false;
+        };
+        hmac::verify(&self.key, token, self.tag.as_ref()).is_ok()
+    }
+}
+
+/// One request to `/sales…`: its method, path, `Authorization` header and body.
+pub struct SalesRequest<'a> {
+    pub method: &'a Method,
+    pub path: &'a str,
+    pub authorization: Option<&'a [u8]>,
+    pub body: &'a [u8],
+}
+
+/// The answer: status and JSON body (`None`: no body, 204).
+pub type SalesAnswer = (u16, Option<serde_json::Value>);
+
+fn error(status: u16, code: &str, detail: impl Into<String>) -> SalesAnswer {
+    (
+        status,
+        Some(serde_json::json!({ "code": code, "detail": detail.into() })),
+    )
+}
+
+fn store_error(e: &StoreError) -> SalesAnswer {
+    error(
+        503,
+        "STORE_UNAVAILABLE",
+        format!("the store could not be used: {e}"),
+    )
+}
+
+/// The sale named by `/sales/{type}/{id}`, strictly (the public API's spelling).
+fn sale_target(rest: &str) -> Option<QueueTarget> {
+    let (kind, id) = rest.split_once('/')?;
+    Some(QueueTarget::new(
+        TargetType::from_path_segment(kind)?,
+        crate::queue::parse_positive_id(id)?,
+    ))
+}
+
+pub async fn handle(
+    state: &Arc<AppState>,
+    token: Option<&AdminToken>,
+    req: SalesRequest<'_>,
+) -> SalesAnswer {
+    let write = matches!(*req.method, Method::PUT | Method::DELETE);
+    if req.path == "/sales" {
+        return match *req.method {
+            Method::GET => list(state).await,
+            _ => error(405, "METHOD_NOT_ALLOWED", "GET /sales"),
+        };
+    }
+    let Some(target) = req.path.strip_prefix("/sales/").and_then(sale_target) else {
+        return error(
+            404,
+            "NOT_FOUND",
+            "sales are at /sales/{limited-drop|ticketing-event}/{id}",
+        );
+    };
+    if write {
+        match token {
+            None => {
+                return error(
+                    403,
+                    "FORBIDDEN",
+                    "admin writes are off: set server.admin_token_env",
+                )
+            }
+            Some(t) if !t.accepts(req.authorization) => {
+                return error(401, "UNAUTHORIZED", "Authorization: Bearer <admin token>")
+            }
+            Some(_) => {}
+        }
+    }
+    match *req.method {
+        Method::GET => match state.store.sale(target).await {
+            Ok(Some(sale)) => (200, Some(shown(state, target, &sale).await)),
+            Ok(None) => error(404, "NOT_FOUND", format!("no sale {target}")),
+            Err(e) => store_error(&e),
+        },
+        Method::PUT => put(state, target, req.body).await,
+        Method::DELETE => delete(state, target).await,
+        _ => error(405, "METHOD_NOT_ALLOWED", "GET, PUT or DELETE"),
+    }
+}
+
+async fn put(state: &Arc<AppState>, target: QueueTarget, body: &[u8]) -> SalesAnswer {
+    let patch = match SalePatch::from_json(body) {
+        Ok(p) => p,
+        Err(e) => {
+            return (
+                400,
+                Some(serde_json::json!({
+                    "code": "BAD_REQUEST",
+                    "field": e.field,
+                    "detail": e.to_string(),
+                })),
+            )
+        }
+    };
+    let sale = match state
+        .store
+        .put_sale(target, &patch, crate::clock::now())
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => return store_error(&e),
+    };
+    // Registered after it exists: a sale is never listed without its parameters.
+    if let Err(e) = state.store.register_sale(target, true).await {
+        return store_error(&e);
+    }
+    state.registry.insert(target);
+    tracing::info!(%target, version = sale.version, "sale changed through the admin API");
+    (200, Some(shown(state, target, &sale).await))
+}
+
+async fn delete(state: &Arc<AppState>, target: QueueTarget) -> SalesAnswer {
+    // Unregistered first: replicas write back only registered sales, so none restores it.
+    if let Err(e) = state.store.register_sale(target, false).await {
+        return store_error(&e);
+    }
+    state.registry.remove(target);
+    match state.store.delete_sale(target).await {
+        Ok(true) => {
+            tracing::info!(%target, "sale deleted through the admin API");
+            (204, None)
+        }
+        Ok(false) => error(404, "NOT_FOUND", format!("no sale {target}")),
+        Err(e) => store_error(&e),
+    }
+}
+
+async fn list(state: &Arc<AppState>) -> SalesAnswer {
+    let mut targets = state.registry.members();
+    match state.store.active_targets(crate::clock::now()).await {
+        Ok(active) => targets.extend(active),
+        Err(e) => return store_error(&e),
+    }
+    targets.sort();
+    targets.dedup();
+    let mut sales = Vec::new();
+    for target in targets {
+        match state.store.sale(target).await {
+            Ok(Some(sale)) => sales.push(shown(state, target, &sale).await),
+            Ok(None) => {}
+            Err(e) => return store_error(&e),
+        }
+    }
+    (200, Some(serde_json::json!({ "sales": sales })))
+}
+
+/// The sale with its target and live figures (`null` when the store cannot give them now).
+async fn shown(state: &Arc<AppState>, target: QueueTarget, sale: &Sale) -> serde_json::Value {
+    let mut v = sale.to_json();
+    v["type"] = target.kind.path_segment().into();
+    v["id"] = target.id.to_string().into();
+    let stats = state.store.stats(target, crate::clock::now()).await.ok();
+    v["waitingCount"] = stats.as_ref().map(|s| s.waiting_count).into();
+    v["admittedCount"] = stats.as_ref().map(|s| s.admitted_count).into();
+    v["admissionRatePerSec"] = stats
+        .as_ref()
+        .map(|s| (s.admission_rate_per_sec * 1000.0).round() / 1000.0)
+        .into();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sale_paths_are_strict() {
+        let t = sale_target("limited-drop/42").unwrap();
+        assert_eq!(t.to_string(), "LIMITED_DROP:42");
+        for bad in [
+            "limited-drop/042",
+            "limited-drop/0",
+            "LIMITED_DROP/42",
+            "limited-drop/42/",
+            "limited-drop",
+            "ticketing-event/-1",
+            "ticketing-event/1/x",
+        ] {
+            assert!(sale_target(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn only_the_bearer_token_is_accepted() {
+        std::env::set_var("VQ_TEST_ADMIN_TOKEN_A", "0123456789abcdef-secret");
+        let t = AdminToken::from_env(Some("VQ_TEST_ADMIN_TOKEN_A"))
+            .unwrap()
+            .unwrap();
+        assert!(t.accepts(Some(b"Bearer 0123456789abcdef-secret")));
+        for bad in [
+            &b"Bearer 0123456789abcdef-secreT"[..],
+            b"Bearer 0123456789abcdef-secret ",
+            b"bearer 0123456789abcdef-secret",
+            b"0123456789abcdef-secret",
+            b"Bearer ",
+            b"",
+        ] {
+            assert!(!t.accepts(Some(bad)), "{bad:?}");
+        }
+        assert!(!t.accepts(None));
+        std::env::set_var("VQ_TEST_ADMIN_TOKEN_B", "short");
+        assert!(AdminToken::from_env(Some("VQ_TEST_ADMIN_TOKEN_B")).is_err());
+        assert!(AdminToken::from_env(Some("VQ_TEST_ADMIN_TOKEN_UNSET")).is_err());
+        assert!(AdminToken::from_env(None).unwrap().is_none());
+    }
+}

@@ -1,0 +1,456 @@
+//! Sales as run-time objects: each sale's parameters live in Redis in the sale's own slot
+//! (`queue:{TYPE:ID}:sale`, a hash written by `lua/sale_write.lua`) and the scripts that enter,
+//! poll, advance and sweep read them in the same step as the state they act on. A replica's
+//! `[queue]` keys are only the defaults of a sale created without them, so replicas whose config
+//! files differ (a rolling change) never apply different budgets, capacities or heartbeat
+//! windows to one sale. No I/O: the parsing, validation and merging shared by the admin API,
+//! the CLI and the memory store.
+
+use std::collections::BTreeMap;
+
+use crate::config::QueueConfig;
+use crate::queue::millis;
+
+/// The most users one admission step may admit.
+pub const MAX_BATCH: u64 = 1_000_000;
+/// The shortest and longest admission tick.
+pub const TICK_MS: (u64, u64) = (10, 3_600_000);
+/// The largest waiting room.
+pub const MAX_CAPACITY: u64 = 100_000_000;
+/// The shortest and longest heartbeat timeout.
+pub const HEARTBEAT_TIMEOUT_S: (u64, u64) = (1, 86_400);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaleState {
+    /// Admitting at the sale's budget.
+    Open,
+    /// Admitting nobody; waiting users keep their places and are told so.
+    Paused,
+}
+
+impl SaleState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SaleState::Open => "open",
+            SaleState::Paused => "paused",
+        }
+    }
+
+    fn parse(s: &str) -> Option<SaleState> {
+        match s {
+            "open" => Some(SaleState::Open),
+            "paused" => Some(SaleState::Paused),
+            _ => None,
+        }
+    }
+}
+
+/// A sale's parameters as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sale {
+    pub batch_size: u32,
+    pub tick_ms: u64,
+    pub max_capacity: u64,
+    pub heartbeat_timeout_s: u64,
+    pub state: SaleState,
+    /// 0: created by a first enter from that replica's defaults; every operator's change adds one.
+    pub version: u64,
+    pub updated_at_ms: u64,
+    /// The heartbeat windows' width: a quarter of the timeout (`store/liveness.rs`).
+    pub window_ms: u64,
+    /// When that width took effect (0: from the start): sweeps evict nobody until a whole
+    /// timeout has passed since, as the heartbeats before it are in windows of the old width.
+    pub window_since_ms: u64,
+}
+
+/// What a sale is created with when its creator does not say: the replica's `[queue]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaleDefaults {
+    pub batch_size: u32,
+    pub tick_ms: u64,
+    pub max_capacity: u64,
+    pub heartbeat_timeout_s: u64,
+}
+
+impl Default for SaleDefaults {
+    /// The `[queue]` defaults (SPEC §8).
+    fn default() -> SaleDefaults {
+        SaleDefaults {
+            batch_size: 100,
+            tick_ms: 2_000,
+            max_capacity: 100_000,
+            heartbeat_timeout_s: 60,
+        }
+    }
+}
+
+impl SaleDefaults {
+    pub fn from_config(q: &QueueConfig) -> SaleDefaults {
+        SaleDefaults {
+            batch_size: q.batch_size.get(),
+            tick_ms: millis(q.tick),
+            max_capacity: q.max_capacity.get(),
+            heartbeat_timeout_s: q.heartbeat_timeout.as_secs(),
+        }
+    }
+
+    /// The sale an enter creates for a target nobody created.
+    pub fn sale(&self, now_ms: u64) -> Sale {
+        Sale {
+            batch_size: self.batch_size,
+            tick_ms: self.tick_ms,
+            max_capacity: self.max_capacity,
+            heartbeat_timeout_s: self.heartbeat_timeout_s,
+            state: SaleState::Open,
+            version: 0,
+            updated_at_ms: now_ms,
+            window_ms: window_ms(self.heartbeat_timeout_s),
+            window_since_ms: 0,
+        }
+    }
+}
+
+/// The heartbeat window width for a timeout: a quarter of it (eviction is at most a quarter of
+/// the timeout late), as the scripts compute it.
+pub fn window_ms(heartbeat_timeout_s: u64) -> u64 {
+    (heartbeat_timeout_s.saturating_mul(1000) / 4).max(1)
+}
+
+/// An operator's change: the fields given, each checked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SalePatch {
+    pub batch_size: Option<u32>,
+    pub tick_ms: Option<u64>,
+    pub max_capacity: Option<u64>,
+    pub heartbeat_timeout_s: Option<u64>,
+    pub state: Option<SaleState>,
+}
+
+/// A bad field of a sale change: its name and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+fn bad(field: &str, message: impl Into<String>) -> FieldError {
+    FieldError {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+/// The fields of a sale change, as named in JSON and in the stored hash.
+pub const FIELDS: [&str; 5] = [
+    "batchSize",
+    "tickMs",
+    "maxCapacity",
+    "heartbeatTimeoutS",
+    "state",
+];
+
+impl SalePatch {
+    /// A JSON object of any of `FIELDS`: unknown or repeated keys, non-integers, out-of-range
+    /// values and anything but an object are refused, naming the field.
+    pub fn from_json(body: &[u8]) -> Result<SalePatch, FieldError> {
+        /// A key given with any value, `null` included (which a plain `Option` would read as
+        /// absent, quietly ignoring it).
+        fn given<'de, D: serde::Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<serde_json::Value>, D::Error> {
+            serde::Deserialize::deserialize(d).map(Some)
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields, rename_all = "camelCase")]
+        struct Raw {
+            #[serde(default, deserialize_with = "given")]
+            batch_size: Option<serde_json::Value>,
+            #[serde(default, deserialize_with = "given")]
+            tick_ms: Option<serde_json::Value>,
+            #[serde(default, deserialize_with = "given")]
+            max_capacity: Option<serde_json::Value>,
+            #[serde(default, deserialize_with = "given")]
+            heartbeat_timeout_s: Option<serde_json::Value>,
+            #[serde(default, deserialize_with = "given")]
+            state: Option<serde_json::Value>,
+        }
+        // A JSON array would fill the fields in order: only an object is a change.
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(bad("body", "must be a JSON object"));
+        }
+        let raw: Raw = serde_json::from_slice(body).map_err(|e| {
+            let text = e.to_string();
+            // serde names the key in its message: "unknown field `x`", "duplicate field `x`".
+            let field = text
+                .split('`')
+                .nth(1)
+                .filter(|_| text.contains(" field `"))
+                .unwrap_or("body");
+            bad(field, text.clone())
+        })?;
+        let int = |name: &str, v: Option<serde_json::Value>, (lo, hi): (u64, u64)| {
+            v.map(|v| {
+                v.as_u64()
+                    .filter(|n| (lo..=hi).contains(n))
+                    .ok_or_else(|| bad(name, format!("must be an integer from {lo} to {hi}")))
+            })
+            .transpose()
+        };
+        Ok(SalePatch {
+            batch_size: int("batchSize", raw.batch_size, (1, MAX_BATCH))?
+                .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+            tick_ms: int("tickMs", raw.tick_ms, TICK_MS)?,
+            max_capacity: int("maxCapacity", raw.max_capacity, (1, MAX_CAPACITY))?,
+            heartbeat_timeout_s: int(
+                "heartbeatTimeoutS",
+                raw.heartbeat_timeout_s,
+                HEARTBEAT_TIMEOUT_S,
+            )?,
+            state: raw
+                .state
+                .map(|v| {
+                    v.as_str()
+                        .and_then(SaleState::parse)
+                        .ok_or_else(|| bad("state", "must be \"open\" or \"paused\""))
+                })
+                .transpose()?,
+        })
+    }
+
+    /// One field given as `name=value` on the command line.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<(), FieldError> {
+        let json = match name {
+            "state" => serde_json::json!({ name: value }),
+            _ if FIELDS.contains(&name) => {
+                let n: u64 = value.parse().map_err(|_| bad(name, "must be an integer"))?;
+                serde_json::json!({ name: n })
+            }
+            _ => {
+                return Err(bad(
+                    name,
+                    format!("not a sale field ({})", FIELDS.join(", ")),
+                ))
+            }
+        };
+        let one = SalePatch::from_json(json.to_string().as_bytes())?;
+        self.batch_size = one.batch_size.or(self.batch_size);
+        self.tick_ms = one.tick_ms.or(self.tick_ms);
+        self.max_capacity = one.max_capacity.or(self.max_capacity);
+        self.heartbeat_timeout_s = one.heartbeat_timeout_s.or(self.heartbeat_timeout_s);
+        self.state = one.state.or(self.state);
+        Ok(())
+    }
+
+    /// The given fields as hash field/value pairs.
+    pub fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if let Some(v) = self.batch_size {
+            out.push(("batchSize", v.to_string()));
+        }
+        if let Some(v) = self.tick_ms {
+            out.push(("tickMs", v.to_string()));
+        }
+        if let Some(v) = self.max_capacity {
+            out.push(("maxCapacity", v.to_string()));
+        }
+        if let Some(v) = self.heartbeat_timeout_s {
+            out.push(("heartbeatTimeoutS", v.to_string()));
+        }
+        if let Some(v) = self.state {
+            out.push(("state", v.as_str().to_string()));
+        }
+        out
+    }
+}
+
+impl Sale {
+    /// An operator's change applied to the stored sale (or, for a new one, to `defaults`): the
+    /// model of `sale_write.lua`'s merge. A changed heartbeat width restarts the windows.
+    pub fn merged(
+        old: Option<&Sale>,
+        patch: &SalePatch,
+        defaults: SaleDefaults,
+        now_ms: u64,
+    ) -> Sale {
+        let base = old.cloned().unwrap_or_else(|| Sale {
+            window_ms: 0,
+            ..defaults.sale(now_ms)
+        });
+        let heartbeat_timeout_s = patch
+            .heartbeat_timeout_s
+            .unwrap_or(base.heartbeat_timeout_s);
+        let window = window_ms(heartbeat_timeout_s);
+        let window_since_ms = match old {
+            Some(o) if o.window_ms == window => o.window_since_ms,
+            Some(_) => now_ms,
+            None => 0,
+        };
+        Sale {
+            batch_size: patch.batch_size.unwrap_or(base.batch_size),
+            tick_ms: patch.tick_ms.unwrap_or(base.tick_ms),
+            max_capacity: patch.max_capacity.unwrap_or(base.max_capacity),
+            heartbeat_timeout_s,
+            state: patch.state.unwrap_or(base.state),
+            version: old.map_or(0, |o| o.version) + 1,
+            updated_at_ms: now_ms,
+            window_ms: window,
+            window_since_ms,
+        }
+    }
+
+    /// Every field as stored in the hash.
+    pub fn to_fields(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("batchSize", self.batch_size.to_string()),
+            ("tickMs", self.tick_ms.to_string()),
+            ("maxCapacity", self.max_capacity.to_string()),
+            ("heartbeatTimeoutS", self.heartbeat_timeout_s.to_string()),
+            ("state", self.state.as_str().to_string()),
+            ("version", self.version.to_string()),
+            ("updatedAtMs", self.updated_at_ms.to_string()),
+            ("windowMs", self.window_ms.to_string()),
+            ("windowSince", self.window_since_ms.to_string()),
+        ]
+    }
+
+    /// The stored hash (field/value pairs, as `HGETALL` answers). A hash missing a field or
+    /// holding a value out of range is refused, naming the field: the scripts would read it.
+    pub fn from_fields<I, K, V>(pairs: I) -> Result<Sale, FieldError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let map: BTreeMap<String, String> = pairs
+            .into_iter()
+            .map(|(k, v)| (k.as_ref().to_string(), v.as_ref().to_string()))
+            .collect();
+        let int = |name: &str, (lo, hi): (u64, u64)| -> Result<u64, FieldError> {
+            map.get(name)
+                .and_then(|v| v.parse::<u64>().ok())
+                .filter(|n| (lo..=hi).contains(n))
+                .ok_or_else(|| {
+                    bad(
+                        name,
+                        format!("missing, or not an integer from {lo} to {hi}"),
+                    )
+                })
+        };
+        let any = (0, u64::MAX);
+        Ok(Sale {
+            batch_size: u32::try_from(int("batchSize", (1, MAX_BATCH))?).unwrap_or(u32::MAX),
+            tick_ms: int("tickMs", TICK_MS)?,
+            max_capacity: int("maxCapacity", (1, MAX_CAPACITY))?,
+            heartbeat_timeout_s: int("heartbeatTimeoutS", HEARTBEAT_TIMEOUT_S)?,
+            state: map
+                .get("state")
+                .and_then(|s| SaleState::parse(s))
+                .ok_or_else(|| bad("state", "missing, or not open or paused"))?,
+            version: int("version", any)?,
+            updated_at_ms: int("updatedAtMs", any)?,
+            window_ms: int("windowMs", (1, u64::MAX))?,
+            window_since_ms: int("windowSince", any)?,
+        })
+    }
+
+    /// The sale as the admin API and the CLI show it.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "batchSize": self.batch_size,
+            "tickMs": self.tick_ms,
+            "maxCapacity": self.max_capacity,
+            "heartbeatTimeoutS": self.heartbeat_timeout_s,
+            "state": self.state.as_str(),
+            "version": self.version,
+            "updatedAtMs": self.updated_at_ms,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn patch(json: &str) -> Result<SalePatch, FieldError> {
+        SalePatch::from_json(json.as_bytes())
+    }
+
+    #[test]
+    fn a_change_names_its_bad_field() {
+        assert_eq!(
+            patch(r#"{"batchSize": 20, "state": "paused"}"#).unwrap(),
+            SalePatch {
+                batch_size: Some(20),
+                state: Some(SaleState::Paused),
+                ..Default::default()
+            }
+        );
+        for (body, field) in [
+            (r#"{"batchSize": 0}"#, "batchSize"),
+            (r#"{"batchSize": 1.5}"#, "batchSize"),
+            (r#"{"batchSize": "20"}"#, "batchSize"),
+            (r#"{"batchSize": -1}"#, "batchSize"),
+            (r#"{"batchSize": null}"#, "batchSize"),
+            (r#"{"tickMs": 9}"#, "tickMs"),
+            (r#"{"maxCapacity": 100000001}"#, "maxCapacity"),
+            (r#"{"heartbeatTimeoutS": 0}"#, "heartbeatTimeoutS"),
+            (r#"{"state": "closed"}"#, "state"),
+            (r#"{"state": 1}"#, "state"),
+            (r#"{"batch_size": 5}"#, "batch_size"),
+            (r#"{"batchSize": 5, "batchSize": 6}"#, "batchSize"),
+            (r#"[1]"#, "body"),
+            (r#"{"#, "body"),
+        ] {
+            assert_eq!(patch(body).unwrap_err().field, field, "{body}");
+        }
+    }
+
+    #[test]
+    fn a_merge_keeps_what_is_not_given_and_restarts_windows_on_a_new_width() {
+        let d = SaleDefaults::default();
+        let created = Sale::merged(None, &patch(r#"{"batchSize": 5}"#).unwrap(), d, 1_000);
+        assert_eq!(
+            (created.batch_size, created.tick_ms, created.version),
+            (5, 2_000, 1)
+        );
+        assert_eq!((created.window_ms, created.window_since_ms), (15_000, 0));
+        let same_width = Sale::merged(
+            Some(&created),
+            &patch(r#"{"tickMs": 500}"#).unwrap(),
+            d,
+            2_000,
+        );
+        assert_eq!((same_width.batch_size, same_width.tick_ms), (5, 500));
+        assert_eq!((same_width.window_since_ms, same_width.version), (0, 2));
+        let shorter = Sale::merged(
+            Some(&same_width),
+            &patch(r#"{"heartbeatTimeoutS": 20}"#).unwrap(),
+            d,
+            3_000,
+        );
+        assert_eq!((shorter.window_ms, shorter.window_since_ms), (5_000, 3_000));
+        let back = Sale::from_fields(shorter.to_fields()).unwrap();
+        assert_eq!(back, shorter);
+    }
+
+    #[test]
+    fn a_stored_sale_with_a_bad_field_is_refused() {
+        let mut fields = SaleDefaults::default().sale(5).to_fields();
+        fields.retain(|(k, _)| *k != "windowMs");
+        assert_eq!(Sale::from_fields(fields).unwrap_err().field, "windowMs");
+    }
+
+    #[test]
+    fn the_command_line_sets_one_field_at_a_time() {
+        let mut p = SalePatch::default();
+        p.set("batchSize", "7").unwrap();
+        p.set("state", "paused").unwrap();
+        assert_eq!(
+            p.fields(),
+            vec![("batchSize", "7".into()), ("state", "paused".into())]
+        );
+        assert_eq!(p.set("batchSize", "x").unwrap_err().field, "batchSize");
+        assert_eq!(p.set("nope", "1").unwrap_err().field, "nope");
+    }
+}

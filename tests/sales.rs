@@ -1,0 +1,637 @@
+//! Sales as run-time objects: each sale's parameters live in Redis (`queue:{T}:sale`) and the
+//! scripts read them, so replicas whose config files differ (a rolling change) apply one budget,
+//! one capacity and one heartbeat window to a sale; an operator creates, changes, pauses and
+//! deletes sales through the admin API or the CLI, at run time; a Redis that comes back empty
+//! gets them written back.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+
+const ADMIN_TOKEN: &str = "admin-token-of-the-tests-0123456789";
+const Q: &str = "/virtual-queues/limited-drop/42";
+const SALE: &str = "/sales/limited-drop/42";
+const KEY: &str = "queue:{LIMITED_DROP:42}";
+
+fn start(cfg: ConfigFile) -> GatewayProc {
+    GatewayProc::start_with_env(
+        cfg,
+        &[
+            ("VQ_TOKEN_SECRET", TEST_SECRET),
+            ("VQ_ADMIN_TOKEN", ADMIN_TOKEN),
+        ],
+    )
+}
+
+fn redis_config(up: std::net::SocketAddr, redis: &RedisServer) -> ConfigFile {
+    let mut cfg = test_config(up);
+    cfg.store.backend = StoreKind::Redis;
+    cfg.store.redis_url = redis.url();
+    cfg.server.admin_token_env = "VQ_ADMIN_TOKEN".into();
+    cfg
+}
+
+fn admin(gw: &GatewayProc, method: &str, path: &str, auth: Option<&str>, body: &str) -> Response {
+    let bearer = auth.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = bearer
+        .as_deref()
+        .map(|b| vec![("Authorization", b)])
+        .unwrap_or_default();
+    gw.admin_client()
+        .request(method, path, &headers, body.as_bytes())
+        .unwrap()
+}
+
+fn put_sale(gw: &GatewayProc, body: Value) -> Value {
+    let r = admin(gw, "PUT", SALE, Some(ADMIN_TOKEN), &body.to_string());
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json()
+}
+
+fn enter(c: &mut Client, user: u64) -> Response {
+    c.request(
+        "POST",
+        &format!("{Q}/entries"),
+        &[("X-User-Id", &user.to_string())],
+        b"",
+    )
+    .unwrap()
+}
+
+fn poll(c: &mut Client, user: u64) -> std::io::Result<Response> {
+    c.get(
+        &format!("{Q}/entries/me"),
+        &[("X-User-Id", &user.to_string())],
+    )
+}
+
+/// The admission steps Redis recorded for sale 42: (Redis ms, mark), oldest first.
+fn advances(redis: &RedisServer) -> Vec<(u64, u64)> {
+    parse_advances(
+        &redis
+            .cmd(&["LRANGE", &format!("{KEY}:advances"), "0", "-1"])
+            .as_vec(),
+    )
+}
+
+/// Users admitted by each step (the mark's moves: at most a batch of live users each, more seqs
+/// when users who left or were evicted sat between).
+fn steps(adv: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    adv.windows(2).map(|w| (w[1].0, w[1].1 - w[0].1)).collect()
+}
+
+/// Three replicas whose files differ in every `[queue]` key serve one sale created with its own
+/// parameters. 60 users poll every 400 ms, each through a replica chosen at random per poll;
+/// ten users go silent. Nobody who polls is ever answered 404 (with the files' own heartbeat
+/// timeouts, the 2 s one would have evicted everyone whose polls landed elsewhere); the silent
+/// ones are evicted by the sale's 3 s timeout, not by the files' 60 s; every admission step
+/// admits at most the sale's batch of 3, at most one per 0.95 of its 600 ms tick.
+#[test]
+fn replicas_whose_files_differ_in_every_queue_key_apply_the_sale_s_own_parameters() {
+    let _serial = serial();
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let files = [
+        // tick, batch, capacity, heartbeat, max evict, max active targets
+        (200, 1000, 5, 2, 1, 3),
+        (1000, 1, 100_000, 60, 1000, 1000),
+        (450, 40, 30, 20, 7, 50),
+    ];
+    let gws: Vec<GatewayProc> = files
+        .iter()
+        .map(|&(tick, batch, cap, hb, evict, active)| {
+            let mut cfg = redis_config(up.addr, &redis);
+            cfg.queue.tick_ms = tick;
+            cfg.queue.batch_size = batch;
+            cfg.queue.max_capacity = cap;
+            cfg.queue.heartbeat_timeout_s = hb;
+            cfg.queue.max_evict_per_tick = evict;
+            cfg.queue.max_active_targets = active;
+            start(cfg)
+        })
+        .collect();
+    gws[0].wait_flag_known();
+    let sale = put_sale(
+        &gws[1],
+        json!({"batchSize": 3, "tickMs": 600, "maxCapacity": 500, "heartbeatTimeoutS": 3}),
+    );
+    assert_eq!(
+        (
+            &sale["batchSize"],
+            &sale["tickMs"],
+            &sale["heartbeatTimeoutS"]
+        ),
+        (&json!(3), &json!(600), &json!(3))
+    );
+
+    let publics: Vec<_> = gws.iter().map(|g| g.listen).collect();
+    // Everyone enters through the replica whose file says capacity 5: the sale's 500 holds.
+    let mut c = gws[0].client();
+    for user in 1..=60 {
+        let r = enter(&mut c, user);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    let silent: Vec<u64> = (51..=60).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let lost = Arc::new(AtomicU64::new(0));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let pollers: Vec<_> = (0..5)
+        .map(|t| {
+            let (stop, lost, admitted, publics) = (
+                stop.clone(),
+                lost.clone(),
+                admitted.clone(),
+                publics.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut clients: Vec<Client> =
+                    publics.iter().map(|a| Client::connect(*a)).collect();
+                let mine: Vec<u64> = (1..=50).filter(|u| u % 5 == t).collect();
+                let mut done: HashMap<u64, bool> = HashMap::new();
+                let mut i = t as usize;
+                while !stop.load(Ordering::Relaxed) {
+                    for &user in &mine {
+                        if done.contains_key(&user) {
+                            continue;
+                        }
+                        i = i.wrapping_mul(31).wrapping_add(7);
+                        let g = i % clients.len();
+                        let Ok(r) = poll(&mut clients[g], user) else {
+                            clients[g] = Client::connect(publics[g]);
+                            continue;
+                        };
+                        match r.status {
+                            200 if r.json()["status"] == "ADMITTED" => {
+                                done.insert(user, true);
+                                admitted.fetch_add(1, Ordering::Relaxed);
+                            }
+                            200 => {}
+                            404 => {
+                                lost.fetch_add(1, Ordering::Relaxed);
+                                done.insert(user, false);
+                            }
+                            other => panic!("poll answered {other}"),
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(400));
+                }
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    // The silent users are gone after the sale's timeout (3 s) and a window (0.75 s) or two
+    // (looked up in Redis: a poll would be a heartbeat).
+    let evicted = wait_until(Duration::from_secs(9), || {
+        silent
+            .iter()
+            .all(|u| redis.cmd(&["ZSCORE", &format!("{KEY}:waiting"), &u.to_string()]) == Resp::Nil)
+    });
+    let evicted_after = started.elapsed();
+    std::thread::sleep(Duration::from_secs(8).saturating_sub(started.elapsed()));
+    stop.store(true, Ordering::Relaxed);
+    for p in pollers {
+        p.join().unwrap();
+    }
+    assert_eq!(
+        lost.load(Ordering::Relaxed),
+        0,
+        "users who kept polling were evicted"
+    );
+    assert!(
+        evicted,
+        "silent users were not evicted by the sale's 3 s timeout"
+    );
+    let adv = advances(&redis);
+    let st = steps(&adv);
+    assert!(st.len() >= 8, "too few admission steps: {adv:?}");
+    for (at, n) in &st {
+        assert!(
+            *n <= 3,
+            "a step at {at} admitted {n} > the sale's batch of 3: {adv:?}"
+        );
+    }
+    for w in adv.windows(2) {
+        assert!(
+            w[1].0 - w[0].0 >= 570,
+            "two steps {} ms apart: {adv:?}",
+            w[1].0 - w[0].0
+        );
+    }
+    eprintln!(
+        "files differing in every [queue] key: 0 of 50 polling users evicted, {} admitted; 10 silent users evicted within {:.1} s; {} steps of at most 3, spaced >= {} ms",
+        admitted.load(Ordering::Relaxed),
+        evicted_after.as_secs_f64(),
+        st.len(),
+        adv.windows(2).map(|w| w[1].0 - w[0].0).min().unwrap_or(0)
+    );
+}
+
+/// The budget changed through the admin API mid-sale takes effect at the next tick whichever
+/// replica leads; a paused sale admits nobody while its users keep their places and are told
+/// so; resumed, it admits again.
+#[test]
+fn a_budget_change_and_a_pause_take_effect_at_the_next_tick_on_every_replica() {
+    let _serial = serial();
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let gws: Vec<GatewayProc> = (0..3)
+        .map(|_| {
+            let mut cfg = redis_config(up.addr, &redis);
+            cfg.queue.tick_ms = 300;
+            start(cfg)
+        })
+        .collect();
+    gws[0].wait_flag_known();
+    put_sale(
+        &gws[0],
+        json!({"batchSize": 2, "tickMs": 300, "heartbeatTimeoutS": 60}),
+    );
+    let mut c = gws[1].client();
+    for user in 1..=400 {
+        assert_eq!(enter(&mut c, user).status, 200);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = advances(&redis);
+    assert!(steps(&before).iter().all(|(_, n)| *n == 2), "{before:?}");
+
+    let changed_ms = redis_ms(&redis);
+    put_sale(&gws[2], json!({"batchSize": 7}));
+    std::thread::sleep(Duration::from_millis(1500));
+    let after = advances(&redis);
+    let new_steps: Vec<(u64, u64)> = steps(&after)
+        .into_iter()
+        .filter(|(at, _)| *at > changed_ms)
+        .collect();
+    assert!(new_steps.len() >= 3, "{after:?}");
+    // The step in flight at the change may still admit the old batch; every later one the new.
+    assert!(
+        new_steps[1..].iter().all(|(_, n)| *n == 7),
+        "steps after the change at {changed_ms}: {new_steps:?}"
+    );
+    let leaders: std::collections::BTreeSet<String> = gws
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| {
+            g.metrics()
+                .lines()
+                .any(|l| l.starts_with("virtual_queue_admitted_total") && !l.ends_with(" 0"))
+        })
+        .map(|(i, _)| i.to_string())
+        .collect();
+
+    // Paused: the mark stops within a tick, users keep their places and hear so.
+    let r = admin(
+        &gws[1],
+        "PUT",
+        SALE,
+        Some(ADMIN_TOKEN),
+        r#"{"state": "paused"}"#,
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["state"], "paused");
+    std::thread::sleep(Duration::from_millis(400));
+    let mark = |redis: &RedisServer| {
+        redis
+            .cmd(&["GET", &format!("{KEY}:admitted_count")])
+            .as_int()
+    };
+    let paused_mark = mark(&redis);
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(mark(&redis), paused_mark, "admissions while paused");
+    let r = poll(&mut c, 400).unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["status"], "WAITING");
+    let shown = admin(&gws[0], "GET", SALE, None, "").json();
+    assert_eq!(shown["state"], "paused");
+    assert!(shown["waitingCount"].as_u64().unwrap() > 300, "{shown}");
+
+    admin(
+        &gws[2],
+        "PUT",
+        SALE,
+        Some(ADMIN_TOKEN),
+        r#"{"state": "open"}"#,
+    );
+    assert!(
+        wait_until(Duration::from_secs(2), || mark(&redis) >= paused_mark + 7),
+        "no admission after resuming"
+    );
+    eprintln!(
+        "budget 2 -> 7 per 300 ms tick: steps after the change {:?}; replicas that admitted: {leaders:?}; paused 1.2 s at mark {paused_mark}, then admitting again",
+        new_steps.iter().map(|(_, n)| *n).collect::<Vec<_>>()
+    );
+}
+
+fn redis_ms(redis: &RedisServer) -> u64 {
+    let t = redis.cmd(&["TIME"]).as_vec();
+    let s: u64 = t[0].as_str().unwrap().parse().unwrap();
+    let us: u64 = t[1].as_str().unwrap().parse().unwrap();
+    s * 1000 + us / 1000
+}
+
+/// The admin API's inputs: the token, every field, the path, the method, the body's size.
+#[test]
+fn the_admin_api_refuses_what_it_cannot_take_and_names_the_field() {
+    let up = Upstream::start();
+    let mut cfg = test_config(up.addr);
+    cfg.server.admin_token_env = "VQ_ADMIN_TOKEN".into();
+    let gw = start(cfg);
+
+    // Writes need the token; reads do not.
+    for auth in [None, Some("wrong-token-wrong-token-wrong"), Some("")] {
+        let r = admin(&gw, "PUT", SALE, auth, r#"{"batchSize": 5}"#);
+        assert_eq!(r.status, 401, "{auth:?}");
+        assert_eq!(admin(&gw, "DELETE", SALE, auth, "").status, 401);
+    }
+    assert_eq!(admin(&gw, "GET", SALE, None, "").status, 404);
+    for (body, field) in [
+        (r#"{"batchSize": 0}"#, "batchSize"),
+        (r#"{"batchSize": "5"}"#, "batchSize"),
+        (r#"{"batchSize": 1000001}"#, "batchSize"),
+        (r#"{"tickMs": 5}"#, "tickMs"),
+        (r#"{"maxCapacity": -1}"#, "maxCapacity"),
+        (r#"{"heartbeatTimeoutS": 86401}"#, "heartbeatTimeoutS"),
+        (r#"{"state": "closed"}"#, "state"),
+        (r#"{"state": null}"#, "state"),
+        (r#"{"budget": 5}"#, "budget"),
+        (r#"{"batchSize": 5, "batchSize": 6}"#, "batchSize"),
+        (r#"[5]"#, "body"),
+        ("not json", "body"),
+    ] {
+        let r = admin(&gw, "PUT", SALE, Some(ADMIN_TOKEN), body);
+        assert_eq!(r.status, 400, "{body}");
+        let v = r.json();
+        assert_eq!(
+            (v["code"].as_str(), v["field"].as_str()),
+            (Some("BAD_REQUEST"), Some(field)),
+            "{body}: {v}"
+        );
+    }
+    assert_eq!(
+        admin(&gw, "GET", SALE, None, "").status,
+        404,
+        "a refused change created nothing"
+    );
+    let big = format!(r#"{{"batchSize": 5, "pad": "{}"}}"#, "x".repeat(20_000));
+    assert_eq!(admin(&gw, "PUT", SALE, Some(ADMIN_TOKEN), &big).status, 413);
+    for path in [
+        "/sales/limited-drop/042",
+        "/sales/limited-drop/0",
+        "/sales/LIMITED_DROP/42",
+        "/sales/limited-drop/42/",
+        "/sales/limited-drop",
+        "/sales/concert/42",
+    ] {
+        assert_eq!(
+            admin(&gw, "PUT", path, Some(ADMIN_TOKEN), "{}").status,
+            404,
+            "{path}"
+        );
+    }
+    assert_eq!(
+        admin(&gw, "POST", SALE, Some(ADMIN_TOKEN), "{}").status,
+        405
+    );
+    assert_eq!(
+        admin(&gw, "DELETE", "/sales", Some(ADMIN_TOKEN), "").status,
+        405
+    );
+
+    // Created with the file's [queue] for what is not given; merged; shown with live figures.
+    let created = put_sale(&gw, json!({"batchSize": 5}));
+    assert_eq!(created["batchSize"], 5);
+    assert_eq!(created["tickMs"], 2000);
+    assert_eq!(created["maxCapacity"], 100_000);
+    assert_eq!(created["state"], "open");
+    assert_eq!(created["version"], 1);
+    let merged = put_sale(&gw, json!({"maxCapacity": 2}));
+    assert_eq!(
+        (merged["batchSize"].as_u64(), merged["maxCapacity"].as_u64()),
+        (Some(5), Some(2))
+    );
+    assert_eq!(merged["version"], 2);
+    let mut c = gw.client();
+    assert_eq!(enter(&mut c, 1).status, 200);
+    assert_eq!(enter(&mut c, 2).status, 200);
+    let full = enter(&mut c, 3);
+    assert_eq!(full.status, 429, "the sale's capacity of 2");
+    let shown = admin(&gw, "GET", SALE, None, "").json();
+    assert_eq!(shown["waitingCount"], 2, "{shown}");
+    assert_eq!(
+        (shown["type"].as_str(), shown["id"].as_str()),
+        (Some("limited-drop"), Some("42"))
+    );
+    let list = admin(&gw, "GET", "/sales", None, "").json();
+    assert_eq!(list["sales"].as_array().unwrap().len(), 1, "{list}");
+
+    // Deleted: its users are no longer known; it is gone from the list.
+    let r = admin(&gw, "DELETE", SALE, Some(ADMIN_TOKEN), "");
+    assert_eq!(r.status, 204);
+    assert!(r.body.is_empty());
+    assert_eq!(poll(&mut c, 1).unwrap().status, 404);
+    assert_eq!(admin(&gw, "GET", SALE, None, "").status, 404);
+    assert_eq!(
+        admin(&gw, "DELETE", SALE, Some(ADMIN_TOKEN), "").status,
+        404
+    );
+    let list = admin(&gw, "GET", "/sales", None, "").json();
+    assert_eq!(list["sales"].as_array().unwrap().len(), 0, "{list}");
+
+    // Without `server.admin_token_env`, writes are refused whatever is sent.
+    let plain = GatewayProc::start(test_config(up.addr));
+    let r = admin(
+        &plain,
+        "PUT",
+        SALE,
+        Some(ADMIN_TOKEN),
+        r#"{"batchSize": 5}"#,
+    );
+    assert_eq!(r.status, 403);
+    // A named variable that is unset, or too short to be a secret, stops the start.
+    let mut cfg = test_config(up.addr);
+    cfg.server.admin_token_env = "VQ_ADMIN_TOKEN_SHORT".into();
+    let path = plain.dir.0.join("short.toml");
+    std::fs::write(&path, toml::to_string(&cfg).unwrap()).unwrap();
+    for env in [vec![], vec![("VQ_ADMIN_TOKEN_SHORT", "short")]] {
+        let mut all = vec![("VQ_TOKEN_SECRET", TEST_SECRET)];
+        all.extend(env);
+        let (code, _, err) = run_bin(
+            &["serve", "--config", path.to_str().unwrap()],
+            &all,
+            Duration::from_secs(10),
+        );
+        assert_ne!(code, Some(0));
+        assert!(err.contains("VQ_ADMIN_TOKEN_SHORT"), "{err}");
+    }
+}
+
+fn cli(gw: &GatewayProc, args: &[&str]) -> (Option<i32>, String) {
+    let path = gw.dir.0.join("gateway.toml");
+    let mut all: Vec<&str> = args[..2].to_vec();
+    all.extend_from_slice(&["--config", path.to_str().unwrap()]);
+    all.extend_from_slice(&args[2..]);
+    let (code, out, err) = run_bin(&all, &[], Duration::from_secs(20));
+    (code, format!("{out}{err}"))
+}
+
+/// The CLI manages sales through Redis; a Redis that comes back empty gets every registered
+/// sale's parameters written back by the replicas (not reset to anyone's file), counted as a
+/// data loss.
+#[test]
+fn the_cli_manages_sales_and_an_empty_redis_gets_them_back() {
+    let _serial = serial();
+    let mut redis = RedisServer::start();
+    let up = Upstream::start();
+    let gws: Vec<GatewayProc> = [(100, 60), (7, 20)]
+        .iter()
+        .map(|&(batch, hb)| {
+            let mut cfg = redis_config(up.addr, &redis);
+            cfg.queue.batch_size = batch;
+            cfg.queue.heartbeat_timeout_s = hb;
+            cfg.store.startup_wait_ms = 2000;
+            start(cfg)
+        })
+        .collect();
+    gws[0].wait_flag_known();
+    let ok = |args: &[&str]| {
+        let (code, out) = cli(&gws[0], args);
+        assert_eq!(code, Some(0), "{args:?}: {out}");
+        out
+    };
+    let out = ok(&[
+        "sale",
+        "create",
+        "LIMITED_DROP:42",
+        "batchSize=3",
+        "tickMs=700",
+    ]);
+    assert!(out.contains("batchSize=3 tickMs=700"), "{out}");
+    assert!(
+        out.contains("heartbeatTimeoutS=60"),
+        "the file's default: {out}"
+    );
+    let (code, out) = cli(&gws[0], &["sale", "create", "LIMITED_DROP:42"]);
+    assert_eq!(code, Some(64), "{out}");
+    assert!(out.contains("exists"), "{out}");
+    for bad in [
+        vec!["sale", "set", "LIMITED_DROP:42", "batchSize=0"],
+        vec!["sale", "set", "LIMITED_DROP:42", "budget=3"],
+        vec!["sale", "set", "LIMITED_DROP:42", "batchSize"],
+        vec!["sale", "set", "LIMITED_DROP:42"],
+        vec!["sale", "set", "LIMITED_DROP:042", "batchSize=3"],
+        vec!["sale", "set", "LIMITED_DROP:43", "batchSize=3"],
+        vec!["sale", "show", "LIMITED_DROP:43"],
+    ] {
+        let (code, out) = cli(&gws[0], &bad);
+        assert_eq!(code, Some(64), "{bad:?}: {out}");
+    }
+    ok(&[
+        "sale",
+        "set",
+        "LIMITED_DROP:42",
+        "maxCapacity=900",
+        "heartbeatTimeoutS=30",
+    ]);
+    ok(&["sale", "pause", "LIMITED_DROP:42"]);
+    let out = ok(&["sale", "show", "LIMITED_DROP:42"]);
+    assert!(out.contains("LIMITED_DROP:42: paused batchSize=3 tickMs=700 maxCapacity=900 heartbeatTimeoutS=30 (version 3)"), "{out}");
+    ok(&["sale", "resume", "LIMITED_DROP:42"]);
+    ok(&["sale", "create", "TICKETING_EVENT:8", "batchSize=9"]);
+    let out = ok(&["sale", "list"]);
+    assert!(out.contains("LIMITED_DROP:42: open batchSize=3"), "{out}");
+    assert!(out.contains("TICKETING_EVENT:8: open batchSize=9"), "{out}");
+    // Both replicas read the sales (a refresh a second).
+    std::thread::sleep(Duration::from_millis(2500));
+
+    // Redis restarted empty, users entering meanwhile (their enters create a sale from their
+    // replica's file until the write-back replaces it).
+    let stop = Arc::new(AtomicBool::new(false));
+    let entering = {
+        let (stop, a, b) = (stop.clone(), gws[0].listen, gws[1].listen);
+        std::thread::spawn(move || {
+            let mut cs = [Client::connect(a), Client::connect(b)];
+            let mut user = 10_000u64;
+            while !stop.load(Ordering::Relaxed) {
+                user += 1;
+                let c = &mut cs[(user % 2) as usize];
+                if enter(c, user).status == 0 {
+                    cs = [Client::connect(a), Client::connect(b)];
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    redis.kill();
+    std::thread::sleep(Duration::from_millis(300));
+    redis.restart();
+    let restarted = Instant::now();
+    let back = wait_until(Duration::from_secs(8), || {
+        redis
+            .cmd(&["HGET", &format!("{KEY}:sale"), "version"])
+            .as_str()
+            == Some("4".into())
+            && redis
+                .cmd(&["HGET", "queue:{TICKETING_EVENT:8}:sale", "batchSize"])
+                .as_str()
+                == Some("9".into())
+    });
+    let took = restarted.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    entering.join().unwrap();
+    assert!(back, "the sales were not written back");
+    let sale = redis.cmd(&["HGETALL", &format!("{KEY}:sale")]).as_vec();
+    let fields: HashMap<String, String> = sale
+        .chunks(2)
+        .map(|p| (p[0].as_str().unwrap(), p[1].as_str().unwrap()))
+        .collect();
+    for (k, v) in [
+        ("batchSize", "3"),
+        ("tickMs", "700"),
+        ("maxCapacity", "900"),
+        ("heartbeatTimeoutS", "30"),
+        ("state", "open"),
+    ] {
+        assert_eq!(
+            fields.get(k).map(String::as_str),
+            Some(v),
+            "{k}: {fields:?}"
+        );
+    }
+    assert_eq!(
+        redis.cmd(&["PTTL", &format!("{KEY}:sale")]).as_int(),
+        -1,
+        "a written-back sale does not expire"
+    );
+    let losses: u64 = gws
+        .iter()
+        .map(|g| {
+            g.metrics()
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("virtual_queue_store_data_loss_total{state=\"sale\"} ")
+                        .and_then(|v| v.parse::<u64>().ok())
+                })
+                .unwrap_or(0)
+        })
+        .sum();
+    assert!(losses >= 2, "data loss of two sales counted: {losses}");
+
+    // Deleted: unregistered first, so no replica writes it back.
+    ok(&["sale", "delete", "LIMITED_DROP:42"]);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(redis.cmd(&["EXISTS", &format!("{KEY}:sale")]).as_int(), 0);
+    let out = ok(&["sale", "list"]);
+    assert!(!out.contains("LIMITED_DROP:42"), "{out}");
+    eprintln!(
+        "Redis restarted empty: two sales written back {} ms after the restart",
+        took.as_millis()
+    );
+}
