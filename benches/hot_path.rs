@@ -176,7 +176,7 @@ fn reply(c: &mut Criterion) {
             let r = QueueEntryResponse::from(EntryStatus::Waiting {
                 seq: black_box(41_234),
                 ahead: 1_234,
-                eta_seconds: 25,
+                eta_seconds: Some(25),
                 poll_after_seconds: 12,
             });
             serde_json::to_vec(&r)

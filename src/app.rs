@@ -33,6 +33,8 @@ pub struct AppState {
     /// Which targets may have a queue (`queue.targets`).
     pub registry: crate::registry::Registry,
     pub stats_cache: crate::queue::stats_cache::StatsCache,
+    /// Each sale's parameters as this replica last read them (`sale.rs`).
+    pub sales: crate::sale::SaleBook,
     /// Set on SIGTERM for `server.drain_ms`: every answer closes its connection and `/readyz`
     /// answers 503, so a load balancer stops reusing connections before they are dropped.
     pub draining: std::sync::atomic::AtomicBool,
@@ -72,6 +74,8 @@ impl AppState {
             config.queue.unregistered_gated,
             config.queue.registered.clone(),
         );
+        let sales =
+            crate::sale::SaleBook::new(crate::sale::SaleDefaults::from_config(&config.queue));
         AppState {
             config,
             upstream,
@@ -84,6 +88,7 @@ impl AppState {
             identity,
             registry,
             stats_cache: Default::default(),
+            sales,
             draining: Default::default(),
         }
     }

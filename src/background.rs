@@ -94,6 +94,9 @@ impl SettingsRefresher {
                 // Counted by the guard; the remembered sales stay.
                 return;
             };
+            self.state
+                .sales
+                .set(target, read.clone(), crate::clock::now().epoch_ms);
             let known = self.sales.lock().get(&target).cloned();
             let lost = match (&read, &known) {
                 (None, Some(k)) => Some(k.clone()),

@@ -64,6 +64,7 @@ pub mod claims;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod draw;
 pub mod error;
 pub mod failopen;
 pub mod flag;

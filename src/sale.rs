@@ -6,10 +6,12 @@
 //! windows to one sale. No I/O: the parsing, validation and merging shared by the admin API,
 //! the CLI and the memory store.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+
+use parking_lot::RwLock;
 
 use crate::config::QueueConfig;
-use crate::queue::millis;
+use crate::queue::{millis, QueueTarget};
 
 /// The most users one admission step may admit.
 pub const MAX_BATCH: u64 = 1_000_000;
@@ -368,6 +370,90 @@ impl Sale {
     }
 }
 
+/// How long a replica answers from what it last read of a sale before reading it again.
+pub const BOOK_FRESH_MS: u64 = 1_000;
+
+/// The most sales a replica's book holds (clients choose target ids).
+const BOOK_MAX: usize = 16_384;
+
+/// What a replica last read of each sale (`None`: no sale yet), for what it answers without
+/// asking the store per request: the ETA and the poll hint, which must follow the sale's own
+/// budget, tick and heartbeat timeout, not this replica's file. Kept fresh by the pump's visits,
+/// the settings refresher and the admin API; read through (`QueueStore::sale`) on a miss.
+#[derive(Debug)]
+pub struct SaleBook {
+    defaults: SaleDefaults,
+    entries: RwLock<HashMap<QueueTarget, (Option<Sale>, u64)>>,
+}
+
+/// The parameters an answer about a sale uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaleView {
+    pub batch_size: u32,
+    pub tick_ms: u64,
+    pub heartbeat_timeout_s: u64,
+    pub paused: bool,
+}
+
+impl SaleBook {
+    pub fn new(defaults: SaleDefaults) -> SaleBook {
+        SaleBook {
+            defaults,
+            entries: RwLock::new(HashMap::new()),
+        }
+    }
+
+    pub fn defaults(&self) -> SaleDefaults {
+        self.defaults
+    }
+
+    /// What was read of `target` within `BOOK_FRESH_MS` of `now_ms`, if anything.
+    pub fn fresh(&self, target: QueueTarget, now_ms: u64) -> Option<Option<Sale>> {
+        let entries = self.entries.read();
+        let (sale, read_ms) = entries.get(&target)?;
+        (now_ms.saturating_sub(*read_ms) < BOOK_FRESH_MS).then(|| sale.clone())
+    }
+
+    /// The last reading of `target`, however old.
+    pub fn last(&self, target: QueueTarget) -> Option<Sale> {
+        self.entries
+            .read()
+            .get(&target)
+            .and_then(|(s, _)| s.clone())
+    }
+
+    /// Records a reading of `target` made at `now_ms`.
+    pub fn set(&self, target: QueueTarget, sale: Option<Sale>, now_ms: u64) {
+        let mut entries = self.entries.write();
+        if entries.len() >= BOOK_MAX && !entries.contains_key(&target) {
+            entries.retain(|_, (_, read)| now_ms.saturating_sub(*read) < BOOK_FRESH_MS);
+            if entries.len() >= BOOK_MAX {
+                return;
+            }
+        }
+        entries.insert(target, (sale, now_ms));
+    }
+
+    /// What an answer about `sale` uses: its own values, or this file's defaults for a sale not
+    /// created yet (the first enter creates it with them).
+    pub fn view(&self, sale: Option<&Sale>) -> SaleView {
+        match sale {
+            Some(s) => SaleView {
+                batch_size: s.batch_size,
+                tick_ms: s.tick_ms,
+                heartbeat_timeout_s: s.heartbeat_timeout_s,
+                paused: s.state == SaleState::Paused,
+            },
+            None => SaleView {
+                batch_size: self.defaults.batch_size,
+                tick_ms: self.defaults.tick_ms,
+                heartbeat_timeout_s: self.defaults.heartbeat_timeout_s,
+                paused: false,
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,6 +525,26 @@ mod tests {
         let mut fields = SaleDefaults::default().sale(5).to_fields();
         fields.retain(|(k, _)| *k != "windowMs");
         assert_eq!(Sale::from_fields(fields).unwrap_err().field, "windowMs");
+    }
+
+    #[test]
+    fn the_book_answers_fresh_readings_and_falls_back_to_the_defaults() {
+        let d = SaleDefaults::default();
+        let book = SaleBook::new(d);
+        let t = QueueTarget::new(crate::queue::TargetType::LimitedDrop, 1);
+        assert_eq!(book.fresh(t, 10), None);
+        assert_eq!(book.view(None).batch_size, 100);
+        let mut sale = d.sale(0);
+        sale.batch_size = 7;
+        sale.state = SaleState::Paused;
+        book.set(t, Some(sale.clone()), 1_000);
+        assert_eq!(book.fresh(t, 1_500), Some(Some(sale.clone())));
+        assert_eq!(book.fresh(t, 2_000), None, "stale after BOOK_FRESH_MS");
+        assert_eq!(book.last(t), Some(sale.clone()));
+        let v = book.view(Some(&sale));
+        assert_eq!((v.batch_size, v.paused), (7, true));
+        book.set(t, None, 3_000);
+        assert_eq!(book.fresh(t, 3_001), Some(None));
     }
 
     #[test]

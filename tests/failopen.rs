@@ -380,8 +380,10 @@ fn paced_mode_waits_out_the_live_window_then_lets_through_the_share_per_tick() {
                 e.0 += 1
             }
             Some("WAITING") => {
+                // No place and no ETA without the store; when to ask again.
                 assert_eq!(v["position"], serde_json::Value::Null);
-                assert!(v["etaSeconds"].as_u64().is_some_and(|s| s >= 1));
+                assert_eq!(v["etaSeconds"], serde_json::Value::Null);
+                assert!(v["pollAfterSeconds"].as_u64().is_some_and(|s| s >= 1));
                 e.1 += 1;
             }
             other => panic!("{other:?}"),

@@ -173,7 +173,11 @@ fn replicas_whose_files_differ_in_every_queue_key_apply_the_sale_s_own_parameter
                                 done.insert(user, true);
                                 admitted.fetch_add(1, Ordering::Relaxed);
                             }
-                            200 => {}
+                            200 => {
+                                // The hint follows the sale's 3 s timeout on every replica.
+                                let v = r.json();
+                                assert!(v["pollAfterSeconds"].as_u64().unwrap() <= 1, "{v}");
+                            }
                             404 => {
                                 lost.fetch_add(1, Ordering::Relaxed);
                                 done.insert(user, false);

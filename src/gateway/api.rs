@@ -22,6 +22,7 @@ use crate::queue::{
     QueueStatsResponse, QueueTarget,
 };
 use crate::registry::Standing;
+use crate::sale::SaleView;
 use crate::store::{EnterOutcome, Now, PollOutcome, QueueStore, StoreError, TokenCandidate};
 use crate::token::{mint, mint_ticket, verify_ticket, TicketClaims, TokenClaims};
 
@@ -137,25 +138,54 @@ fn entry(status: EntryStatus) -> Reply {
     Reply::json(200, &QueueEntryResponse::from(status))
 }
 
-fn waiting_status(state: &AppState, seq: u64, ahead: u64) -> EntryStatus {
-    let q = &state.config.queue;
-    let eta = eta_seconds(ahead, q.batch_size.get(), q.tick);
+/// A waiting answer by the sale's own budget, tick and heartbeat timeout (never this file's:
+/// a poll hint longer than a third of the sale's timeout would get users who follow it evicted).
+/// While the sale is paused the ETA is unknown (`null`) and the hint is the tick.
+fn waiting_status(sale: SaleView, seq: u64, ahead: u64) -> EntryStatus {
+    let tick = std::time::Duration::from_millis(sale.tick_ms);
+    let timeout = std::time::Duration::from_secs(sale.heartbeat_timeout_s);
+    if sale.paused {
+        return EntryStatus::Waiting {
+            seq,
+            ahead,
+            eta_seconds: None,
+            poll_after_seconds: poll_after_seconds(0, tick, timeout),
+        };
+    }
+    let eta = eta_seconds(ahead, sale.batch_size, tick);
     EntryStatus::Waiting {
         seq,
         ahead,
-        eta_seconds: eta,
-        poll_after_seconds: poll_after_seconds(eta, q.tick, q.heartbeat_timeout),
+        eta_seconds: Some(eta),
+        poll_after_seconds: poll_after_seconds(eta, tick, timeout),
     }
 }
 
-fn waiting(state: &AppState, seq: u64, ahead: u64) -> Reply {
-    entry(waiting_status(state, seq, ahead))
+fn waiting(sale: SaleView, seq: u64, ahead: u64) -> Reply {
+    entry(waiting_status(sale, seq, ahead))
+}
+
+/// The sale's parameters as this replica last read them (within a second), read again through
+/// the store when older; the last reading, or this file's defaults, when the store cannot say.
+async fn sale_view(state: &AppState, target: QueueTarget, now: Now) -> SaleView {
+    let book = &state.sales;
+    if let Some(sale) = book.fresh(target, now.epoch_ms) {
+        return book.view(sale.as_ref());
+    }
+    match state.store.sale(target).await {
+        Ok(sale) => {
+            book.set(target, sale.clone(), now.epoch_ms);
+            book.view(sale.as_ref())
+        }
+        Err(_) => book.view(book.last(target).as_ref()),
+    }
 }
 
 /// An enter's `WAITING` answer, with the queue ticket that proves the user's place while the
 /// store is down (minted on enters only: the seq never changes, so the client keeps it).
 fn waiting_with_ticket(
     state: &AppState,
+    sale: SaleView,
     target: QueueTarget,
     user: u64,
     seq: u64,
@@ -173,7 +203,7 @@ fn waiting_with_ticket(
             expires_at: now.epoch_ms / 1000 + crate::store::TARGET_KEY_TTL_SECS,
         },
     );
-    let response = QueueEntryResponse::from(waiting_status(state, seq, ahead)).with_ticket(ticket);
+    let response = QueueEntryResponse::from(waiting_status(sale, seq, ahead)).with_ticket(ticket);
     Reply::json(200, &response)
 }
 
@@ -258,7 +288,7 @@ fn degraded(
         return Ok(Reply::error(&ApiError::QueueUnavailable).retry_after(retry_after));
     }
     let status = EntryStatus::WaitingDegraded {
-        eta_seconds: retry_after,
+        poll_after_seconds: retry_after,
     };
     Ok(entry(status).retry_after(retry_after))
 }
@@ -277,7 +307,10 @@ async fn enter(
     match state.store.enter(target, user, now).await {
         Ok(EnterOutcome::Waiting { seq, ahead }) => {
             count("waiting");
-            Ok(waiting_with_ticket(state, target, user, seq, ahead, now))
+            let sale = sale_view(state, target, now).await;
+            Ok(waiting_with_ticket(
+                state, sale, target, user, seq, ahead, now,
+            ))
         }
         Ok(EnterOutcome::Admitted { token, expires_at }) => {
             count("admitted");
@@ -299,7 +332,10 @@ async fn enter(
             let mint = || candidate(state, target, user, now);
             match state.store.poll(target, user, now, &mint).await {
                 Ok(PollOutcome::Waiting { seq, ahead }) => {
-                    Ok(waiting_with_ticket(state, target, user, seq, ahead, now))
+                    let sale = sale_view(state, target, now).await;
+                    Ok(waiting_with_ticket(
+                        state, sale, target, user, seq, ahead, now,
+                    ))
                 }
                 Ok(PollOutcome::Admitted {
                     token, expires_at, ..
@@ -332,7 +368,9 @@ async fn poll(
         c
     };
     match state.store.poll(target, user, now, &mint).await {
-        Ok(PollOutcome::Waiting { seq, ahead }) => Ok(waiting(state, seq, ahead)),
+        Ok(PollOutcome::Waiting { seq, ahead }) => {
+            Ok(waiting(sale_view(state, target, now).await, seq, ahead))
+        }
         Ok(PollOutcome::Admitted {
             token,
             expires_at,

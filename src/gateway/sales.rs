@@ -170,6 +170,9 @@ async fn put(state: &Arc<AppState>, target: QueueTarget, body: &[u8]) -> SalesAn
         return store_error(&e);
     }
     state.registry.insert(target);
+    state
+        .sales
+        .set(target, Some(sale.clone()), crate::clock::now().epoch_ms);
     tracing::info!(%target, version = sale.version, "sale changed through the admin API");
     (200, Some(shown(state, target, &sale).await))
 }
@@ -180,6 +183,7 @@ async fn delete(state: &Arc<AppState>, target: QueueTarget) -> SalesAnswer {
         return store_error(&e);
     }
     state.registry.remove(target);
+    state.sales.set(target, None, crate::clock::now().epoch_ms);
     match state.store.delete_sale(target).await {
         Ok(true) => {
             tracing::info!(%target, "sale deleted through the admin API");

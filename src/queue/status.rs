@@ -10,16 +10,18 @@ pub enum EntryStatus {
     Waiting {
         seq: u64,
         ahead: u64,
-        eta_seconds: u64,
+        /// `None` while the sale is paused: nobody can say when it resumes.
+        eta_seconds: Option<u64>,
         poll_after_seconds: u64,
     },
     /// Admitted by the pump; `token` is the stored, idempotent entry token.
     Admitted { token: String, expires_at: u64 },
     /// Let through without queueing (flag off for this user, or the store failed open).
     DirectAdmitted { token: String, expires_at: u64 },
-    /// The store is unavailable and this replica's paced budget for the tick is used up: wait
-    /// and poll again after `eta_seconds`. No position is known without the store.
-    WaitingDegraded { eta_seconds: u64 },
+    /// The store is unavailable and this replica's paced budget for the tick is used up: poll
+    /// again after `poll_after_seconds`. Neither the user's place nor an ETA is known without
+    /// the store (`etaSeconds` is `null`).
+    WaitingDegraded { poll_after_seconds: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -60,7 +62,7 @@ impl From<EntryStatus> for QueueEntryResponse {
             status: "WAITING",
             position: Some(seq),
             ahead_count: Some(ahead),
-            eta_seconds: Some(eta),
+            eta_seconds: eta,
             entry_token: None,
             token_expires_at: None,
             poll_after_seconds: Some(poll),
@@ -91,14 +93,14 @@ impl From<EntryStatus> for QueueEntryResponse {
             EntryStatus::DirectAdmitted { token, expires_at } => {
                 with_token("DIRECT_ADMITTED", token, expires_at)
             }
-            EntryStatus::WaitingDegraded { eta_seconds } => QueueEntryResponse {
+            EntryStatus::WaitingDegraded { poll_after_seconds } => QueueEntryResponse {
                 status: "WAITING",
                 position: None,
                 ahead_count: None,
-                eta_seconds: Some(eta_seconds),
+                eta_seconds: None,
                 entry_token: None,
                 token_expires_at: None,
-                poll_after_seconds: Some(eta_seconds),
+                poll_after_seconds: Some(poll_after_seconds),
                 degraded: true,
                 queue_ticket: None,
             },
@@ -184,7 +186,7 @@ mod tests {
         let r: QueueEntryResponse = EntryStatus::Waiting {
             seq: 17,
             ahead: 16,
-            eta_seconds: 2,
+            eta_seconds: Some(2),
             poll_after_seconds: 2,
         }
         .into();
@@ -214,12 +216,15 @@ mod tests {
     }
 
     #[test]
-    fn degraded_waiting_has_no_position() {
-        let r: QueueEntryResponse = EntryStatus::WaitingDegraded { eta_seconds: 2 }.into();
+    fn degraded_waiting_has_no_position_and_no_eta() {
+        let r: QueueEntryResponse = EntryStatus::WaitingDegraded {
+            poll_after_seconds: 2,
+        }
+        .into();
         let v = serde_json::to_value(r).unwrap();
         assert_eq!(
             v,
-            serde_json::json!({"status":"WAITING","position":null,"aheadCount":null,"etaSeconds":2,
+            serde_json::json!({"status":"WAITING","position":null,"aheadCount":null,"etaSeconds":null,
                 "entryToken":null,"tokenExpiresAt":null,"pollAfterSeconds":2,"degraded":true,
                 "queueTicket":null})
         );
