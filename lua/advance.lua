@@ -20,13 +20,15 @@
 --   outcome: "ADVANCED" | "GUARDED" (too soon after the last advance: 0.95 of the sale's tick;
 --   the 5th element says how long until the next advance is allowed) | "IDLE" (nobody to admit)
 --   | "PAUSED" (the sale's state is paused: nobody is admitted, everyone keeps their place)
+--   | "PREQUEUE" (an opening is announced and the draw has not run; the 5th element: ms until
+--   the opening, 0 once it is due and the caller should run the draw)
 --
 -- `allow-oom`: under maxmemory this script still runs (Redis refuses plain writes then). It only
 -- refreshes or removes state of users already admitted to the waiting room, so a full Redis keeps
 -- the queue moving instead of failing it open; new enters (enter.lua, no allow-oom) are refused.
 
 local share_ppm, ttl = tonumber(ARGV[1]), ARGV[2]
-local sale = redis.call('HMGET', KEYS[9], 'batchSize', 'tickMs', 'state')
+local sale = redis.call('HMGET', KEYS[9], 'batchSize', 'tickMs', 'state', 'opensAt', 'drawnAt')
 local batch_size = tonumber(sale[1] or ARGV[4])
 local tick_ms = tonumber(sale[2] or ARGV[5])
 local batch = math.floor(batch_size * share_ppm / 1000000)
@@ -42,6 +44,11 @@ local mark = tonumber(redis.call('GET', KEYS[4]) or '0')
 local waiting = redis.call('ZCARD', KEYS[1])
 if sale[3] == 'paused' then
   return reply('PAUSED', mark, 0, waiting, 0)
+end
+local opens_at = tonumber(sale[4] or '0')
+if opens_at > 0 and tonumber(sale[5] or '0') == 0 then
+  -- Pre-queued: nobody is admitted before the draw (draw.lua) gives them their places.
+  return reply('PREQUEUE', mark, 0, waiting, math.max(0, opens_at - now))
 end
 
 local last = tonumber(redis.call('GET', KEYS[8]) or '0')

@@ -32,7 +32,8 @@
 -- stores a token and takes its user out of the waiting set in one step). Passing every user's
 -- token key cost each call a key of ~35 bytes per user to send, parse and convert, and a lookup.
 -- Reply: one flat array holding each user's reply in order, a tag and its fields:
---   "ADMITTED", "expiresAt|token" | "WAITING", seq, rank, opened | "FULL"
+--   "ADMITTED", "expiresAt|token" | "WAITING", seq, rank, opened | "FULL" | "EARLY" (the
+--   sale's pre-queue opens later: prequeueOpensAt)
 --   (one array, not a table per user: Redis converts the values of one array for less than the
 --   same values in a table each)
 --   opened: 1 when this enter put the first user into an empty waiting room (the caller then
@@ -56,8 +57,16 @@ end
 
 -- The sale: created from the caller's defaults by the first enter of a target nobody created.
 local sale_key = KEYS[8]
-local sale = call('HMGET', sale_key, 'maxCapacity', 'windowMs')
+local sale = call('HMGET', sale_key, 'maxCapacity', 'windowMs', 'prequeueOpensAt')
 local capacity, window_ms = tonumber(sale[1]), tonumber(sale[2])
+if now < tonumber(sale[3] or '0') then
+  -- Before the pre-queue opens: nobody enters (nothing written).
+  local early = {}
+  for i = 1, n do
+    early[i] = 'EARLY'
+  end
+  return early
+end
 if not window_ms then
   capacity = tonumber(ARGV[5])
   window_ms = math.max(1, math.floor(tonumber(ARGV[6]) * 1000 / 4))

@@ -11,13 +11,18 @@
 --         missing or older)
 -- ARGV[2] now (ms), ARGV[3..] field, value pairs (merge: the changed fields, then the defaults as
 --         "default:<field>", value; restore: every field)
--- Reply: the stored hash after the call as a flat array (HGETALL), whatever the mode did.
+-- Reply: the stored hash after the call as a flat array (HGETALL), whatever the mode did; or,
+-- for a merge the stored sale refuses, {"REFUSED", field, why} (nothing written): the opening
+-- cannot change once the draw has run, and a pre-queue opens before the opening.
 --
 -- Fields: batchSize, tickMs, maxCapacity, heartbeatTimeoutS, state ("open" | "paused"), version
 -- (0: created by an enter from that replica's defaults), updatedAtMs, and two derived from the
 -- heartbeat timeout: windowMs (the width of the heartbeat windows, a quarter of the timeout) and
 -- windowSince (when that width took effect: sweeps evict nobody until a whole timeout has passed
 -- since, as the heartbeats before it are in windows of the old width, which they no longer read).
+-- The schedule: opensAt and prequeueOpensAt (epoch ms, 0: none). The first merge that sets an
+-- opening stores the draw's seed and its commitment (drawSeed, drawCommitment, given by the
+-- caller as defaults); draw.lua writes drawSeq, drawnAt and drawEntrants.
 -- An operator-written sale never expires (PERSIST); one an enter created expires with the
 -- target's keys.
 
@@ -61,6 +66,21 @@ end
 local out = {}
 for _, f in ipairs({'batchSize', 'tickMs', 'maxCapacity', 'heartbeatTimeoutS', 'state'}) do
   out[f] = new[f] or old[f] or defaults[f]
+end
+local drawn = tonumber(old['drawnAt'] or '0') > 0
+for _, f in ipairs({'opensAt', 'prequeueOpensAt'}) do
+  out[f] = new[f] or old[f] or '0'
+  if drawn and tonumber(out[f]) ~= tonumber(old[f] or '0') then
+    return {'REFUSED', f, 'the draw has run: the schedule can no longer change'}
+  end
+end
+local opens, prequeue = tonumber(out['opensAt']), tonumber(out['prequeueOpensAt'])
+if prequeue > 0 and (opens == 0 or prequeue > opens) then
+  return {'REFUSED', 'prequeueOpensAt', 'must come before opensAt (set opensAt too)'}
+end
+if opens > 0 and (old['drawCommitment'] or '') == '' then
+  out['drawSeed'] = defaults['drawSeed']
+  out['drawCommitment'] = defaults['drawCommitment']
 end
 local old_window = tonumber(old['windowMs'])
 local window = window_of(out['heartbeatTimeoutS'])

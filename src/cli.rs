@@ -45,6 +45,13 @@ pub enum Command {
         #[command(subcommand)]
         action: SaleAction,
     },
+    /// Check a sale's draw: `draw verify FILE`, FILE being the admin export
+    /// (`GET /sales/{type}/{id}/draw`): the seed matches the commitment, and the order follows
+    /// from the seed and the entrants (exit 0), or not (exit 1).
+    Draw {
+        #[command(subcommand)]
+        action: DrawAction,
+    },
     /// Rehearse a sale start against a gateway or load balancer URL: spike, polls, purchases;
     /// writes report.json and chart.svg and prints a summary.
     Simulate(Box<crate::sim::SimArgs>),
@@ -76,6 +83,11 @@ pub enum TargetAction {
         #[arg(long, short)]
         config: PathBuf,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DrawAction {
+    Verify { file: PathBuf },
 }
 
 #[derive(Debug, Subcommand)]

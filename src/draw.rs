@@ -124,6 +124,48 @@ pub fn places(seed: &[u8], entrants: &[(u64, u64)]) -> Vec<(u64, u64)> {
     order(seed, &users).into_iter().zip(seqs).collect()
 }
 
+/// Checks an admin export of a draw (`{commitment, seed, entrants, order}`): the seed is the one
+/// committed to, and the order is the one the seed gives the entrants. Answers a one-line
+/// summary, or what does not hold.
+pub fn verify_export(json: &[u8]) -> Result<String, String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(json).map_err(|e| format!("not JSON: {e}"))?;
+    let text = |k: &str| {
+        v[k].as_str()
+            .map(str::to_string)
+            .ok_or_else(|| format!("`{k}` missing (the draw has not run?)"))
+    };
+    let ids = |k: &str| -> Result<Vec<u64>, String> {
+        v[k].as_array()
+            .ok_or_else(|| format!("`{k}` missing"))?
+            .iter()
+            .map(|x| x.as_u64().ok_or_else(|| format!("`{k}` holds a non-id")))
+            .collect()
+    };
+    let (commitment_given, seed_hex) = (text("commitment")?, text("seed")?);
+    let seed = unhex(&seed_hex).ok_or("`seed` is not hex")?;
+    if commitment(&seed) != commitment_given.to_ascii_lowercase() {
+        return Err(format!(
+            "the seed does not match the commitment: SHA-256(seed) = {}, committed {commitment_given}",
+            commitment(&seed)
+        ));
+    }
+    let (entrants, given) = (ids("entrants")?, ids("order")?);
+    let computed = order(&seed, &entrants);
+    if computed != given {
+        let at = computed.iter().zip(&given).position(|(a, b)| a != b);
+        return Err(format!(
+            "the order differs from the one the seed gives ({} vs {} entries; first difference at index {at:?})",
+            given.len(),
+            computed.len()
+        ));
+    }
+    Ok(format!(
+        "ok: the seed matches the commitment {commitment_given}; the order of the {} entrants follows from it ({ALGORITHM})",
+        entrants.len()
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +225,29 @@ mod tests {
                 "place {place}: chi-square {chi2:.1} over {row:?}"
             );
         }
+    }
+
+    #[test]
+    fn an_export_is_verified_and_a_forged_one_is_not() {
+        let seed = [9u8; 32];
+        let entrants: Vec<u64> = (1..=50).collect();
+        let good = serde_json::json!({
+            "commitment": commitment(&seed),
+            "seed": hex(&seed),
+            "entrants": entrants,
+            "order": order(&seed, &entrants),
+        });
+        assert!(verify_export(good.to_string().as_bytes()).is_ok());
+        let mut swapped = good.clone();
+        let o = swapped["order"].as_array_mut().unwrap();
+        o.swap(0, 1);
+        assert!(verify_export(swapped.to_string().as_bytes()).is_err());
+        let mut other_seed = good.clone();
+        other_seed["seed"] = hex(&[8u8; 32]).into();
+        assert!(verify_export(other_seed.to_string().as_bytes())
+            .unwrap_err()
+            .contains("commitment"));
+        assert!(verify_export(b"{}").is_err());
     }
 
     #[test]

@@ -34,6 +34,11 @@ pub enum ApiError {
     UpstreamUnavailable,
     #[error("the backend did not answer in time")]
     UpstreamTimeout,
+    /// The sale's pre-queue opens in this many seconds (`prequeueOpensAt`).
+    #[error("this sale's waiting room is not open yet")]
+    NotOpenYet(u64),
+    #[error("this sale has no draw")]
+    NoDraw,
 }
 
 #[derive(Serialize)]
@@ -48,7 +53,11 @@ impl ApiError {
             ApiError::BadRequest(_) => 400,
             ApiError::BypassDenied(_) => 403,
             ApiError::Unauthorized(_) => 401,
-            ApiError::NotInQueue | ApiError::UnknownTargetType | ApiError::UnknownTarget => 404,
+            ApiError::NotInQueue
+            | ApiError::UnknownTargetType
+            | ApiError::UnknownTarget
+            | ApiError::NoDraw => 404,
+            ApiError::NotOpenYet(_) => 403,
             ApiError::MethodNotAllowed => 405,
             ApiError::HeadersTooLarge => 431,
             ApiError::QueueFull | ApiError::TooManyQueues | ApiError::StoreFull => 429,
@@ -72,6 +81,8 @@ impl ApiError {
             ApiError::QueueUnavailable => "QUEUE_UNAVAILABLE",
             ApiError::UpstreamUnavailable => "UPSTREAM_UNAVAILABLE",
             ApiError::UpstreamTimeout => "UPSTREAM_TIMEOUT",
+            ApiError::NotOpenYet(_) => "QUEUE_NOT_OPEN",
+            ApiError::NoDraw => "NO_DRAW",
         }
     }
 
@@ -82,6 +93,7 @@ impl ApiError {
             | ApiError::TooManyQueues
             | ApiError::StoreFull
             | ApiError::QueueUnavailable => Some(1),
+            ApiError::NotOpenYet(secs) => Some((*secs).max(1)),
             _ => None,
         }
     }
@@ -108,6 +120,8 @@ mod tests {
             (ApiError::NotInQueue, 404, "NOT_IN_QUEUE"),
             (ApiError::UnknownTargetType, 404, "UNKNOWN_TARGET_TYPE"),
             (ApiError::MethodNotAllowed, 405, "METHOD_NOT_ALLOWED"),
+            (ApiError::NotOpenYet(5), 403, "QUEUE_NOT_OPEN"),
+            (ApiError::NoDraw, 404, "NO_DRAW"),
             (ApiError::QueueFull, 429, "QUEUE_FULL"),
             (ApiError::QueueUnavailable, 503, "QUEUE_UNAVAILABLE"),
             (ApiError::UpstreamUnavailable, 502, "UPSTREAM_UNAVAILABLE"),

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use vq_gateway::cli::{Cli, Command, FlagAction, OnOff, SaleAction, TargetAction};
+use vq_gateway::cli::{Cli, Command, DrawAction, FlagAction, OnOff, SaleAction, TargetAction};
 use vq_gateway::config::Config;
 use vq_gateway::ops::{self, FlagChange, OpsError};
 use vq_gateway::{logging, server};
@@ -35,6 +35,24 @@ fn main() -> ExitCode {
         Command::Flag { action } => flag(action),
         Command::Target { action } => target(action),
         Command::Sale { action } => sale(action),
+        Command::Draw {
+            action: DrawAction::Verify { file },
+        } => match std::fs::read(&file) {
+            Ok(bytes) => match vq_gateway::draw::verify_export(&bytes) {
+                Ok(summary) => {
+                    println!("{summary}");
+                    ExitCode::SUCCESS
+                }
+                Err(why) => {
+                    eprintln!("vq-gateway draw verify: {why}");
+                    ExitCode::from(1)
+                }
+            },
+            Err(e) => {
+                eprintln!("vq-gateway draw verify: {}: {e}", file.display());
+                ExitCode::from(EXIT_CONFIG)
+            }
+        },
         Command::Simulate(args) => match vq_gateway::sim::run(*args) {
             Ok(report) => {
                 print!("{}", report.summary());

@@ -347,7 +347,8 @@ pub fn sale(config: &Config, command: &SaleCommand) -> Result<String, OpsError> 
             let sale = store
                 .put_sale(target, &patch, now)
                 .await
-                .map_err(store_failed)?;
+                .map_err(store_failed)?
+                .map_err(|e| OpsError::Usage(e.to_string()))?;
             write_setting(
                 store,
                 DocKind::Targets,

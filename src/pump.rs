@@ -335,6 +335,13 @@ impl Pump {
         let share = self.share_ppm(self.batch_now(reading));
         let mut adv = store.advance(target, share, self.clock.now()).await?;
         self.learn(target, &adv);
+        if adv.outcome == AdvanceOutcome::Prequeue && adv.retry_in_ms == 0 {
+            // The opening is due: the draw gives the pre-queue its places, then the first
+            // admissions follow in the same visit.
+            self.draw(target).await?;
+            adv = store.advance(target, share, self.clock.now()).await?;
+            self.learn(target, &adv);
+        }
         // This tick fired a little earlier after the last advance than the one before it (timer
         // jitter, another instance led last time): wait out the rest of the guard, once, while
         // the lock is still ours, instead of losing the whole tick. The script still decides.
@@ -385,6 +392,35 @@ impl Pump {
             let _ = m.length.remove_label_values(&[&label]);
         }
         Ok(true)
+    }
+
+    /// The pre-queue's draw (`draw.rs`): the entrants as the store closed the pre-queue, their
+    /// order from the sale's seed, written back in one step. Entrants that changed in between
+    /// (one left or was evicted) leave it for the next visit, which starts over.
+    async fn draw(&self, target: QueueTarget) -> Result<(), crate::store::StoreError> {
+        let crate::store::DrawStep::Entrants {
+            draw_seq,
+            seed,
+            entrants,
+        } = self.store.draw_entrants(target, self.clock.now()).await?
+        else {
+            return Ok(());
+        };
+        let Some(seed) = crate::draw::unhex(&seed).filter(|s| s.len() == 32) else {
+            tracing::error!(%target, "the sale's draw seed is not 32 bytes of hex; no draw");
+            return Ok(());
+        };
+        let places = crate::draw::places(&seed, &entrants);
+        let applied = self
+            .store
+            .apply_draw(target, draw_seq, &places, self.clock.now())
+            .await?;
+        if applied {
+            tracing::info!(%target, entrants = places.len(), draw_seq, "pre-queue drawn");
+        } else {
+            tracing::info!(%target, "the pre-queue changed during the draw; drawing again next tick");
+        }
+        Ok(())
     }
 
     /// Time not held against silent users (the sweep's cutoff is this much before the sale's

@@ -21,6 +21,8 @@ pub const TICK_MS: (u64, u64) = (10, 3_600_000);
 pub const MAX_CAPACITY: u64 = 100_000_000;
 /// The shortest and longest heartbeat timeout.
 pub const HEARTBEAT_TIMEOUT_S: (u64, u64) = (1, 86_400);
+/// Opening times (epoch ms): 0 (none) up to the year 3000.
+pub const EPOCH_MS: (u64, u64) = (0, 32_503_680_000_000);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SaleState {
@@ -62,7 +64,24 @@ pub struct Sale {
     pub window_ms: u64,
     /// When that width took effect (0: from the start): sweeps evict nobody until a whole
     /// timeout has passed since, as the heartbeats before it are in windows of the old width.
+    /// The draw moves it too (users change seqs, and heartbeats are kept by seq).
     pub window_since_ms: u64,
+    /// The announced opening (epoch ms; 0: none, the queue is FIFO from its first user). Until
+    /// then users enter a pre-queue; at the opening the draw gives them random places.
+    pub opens_at_ms: u64,
+    /// When the pre-queue opens (epoch ms; 0: as soon as the sale exists). Enters before it are
+    /// refused.
+    pub prequeue_opens_at_ms: u64,
+    /// The draw's public commitment (hex SHA-256 of the seed; empty without an opening).
+    pub draw_commitment: String,
+    /// The draw's seed (hex), secret until the draw has run.
+    pub draw_seed: String,
+    /// When the draw ran (epoch ms; 0: not yet).
+    pub drawn_at_ms: u64,
+    /// The last seq of the pre-queue: set when the draw starts; later enters queue behind it.
+    pub draw_seq: u64,
+    /// How many users the draw placed.
+    pub draw_entrants: u64,
 }
 
 /// What a sale is created with when its creator does not say: the replica's `[queue]`.
@@ -108,6 +127,13 @@ impl SaleDefaults {
             updated_at_ms: now_ms,
             window_ms: window_ms(self.heartbeat_timeout_s),
             window_since_ms: 0,
+            opens_at_ms: 0,
+            prequeue_opens_at_ms: 0,
+            draw_commitment: String::new(),
+            draw_seed: String::new(),
+            drawn_at_ms: 0,
+            draw_seq: 0,
+            draw_entrants: 0,
         }
     }
 }
@@ -126,6 +152,8 @@ pub struct SalePatch {
     pub max_capacity: Option<u64>,
     pub heartbeat_timeout_s: Option<u64>,
     pub state: Option<SaleState>,
+    pub opens_at_ms: Option<u64>,
+    pub prequeue_opens_at_ms: Option<u64>,
 }
 
 /// A bad field of a sale change: its name and what is wrong.
@@ -144,12 +172,14 @@ fn bad(field: &str, message: impl Into<String>) -> FieldError {
 }
 
 /// The fields of a sale change, as named in JSON and in the stored hash.
-pub const FIELDS: [&str; 5] = [
+pub const FIELDS: [&str; 7] = [
     "batchSize",
     "tickMs",
     "maxCapacity",
     "heartbeatTimeoutS",
     "state",
+    "opensAt",
+    "prequeueOpensAt",
 ];
 
 impl SalePatch {
@@ -176,6 +206,10 @@ impl SalePatch {
             heartbeat_timeout_s: Option<serde_json::Value>,
             #[serde(default, deserialize_with = "given")]
             state: Option<serde_json::Value>,
+            #[serde(default, deserialize_with = "given")]
+            opens_at: Option<serde_json::Value>,
+            #[serde(default, deserialize_with = "given")]
+            prequeue_opens_at: Option<serde_json::Value>,
         }
         // A JSON array would fill the fields in order: only an object is a change.
         if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
@@ -217,6 +251,8 @@ impl SalePatch {
                         .ok_or_else(|| bad("state", "must be \"open\" or \"paused\""))
                 })
                 .transpose()?,
+            opens_at_ms: int("opensAt", raw.opens_at, EPOCH_MS)?,
+            prequeue_opens_at_ms: int("prequeueOpensAt", raw.prequeue_opens_at, EPOCH_MS)?,
         })
     }
 
@@ -241,6 +277,8 @@ impl SalePatch {
         self.max_capacity = one.max_capacity.or(self.max_capacity);
         self.heartbeat_timeout_s = one.heartbeat_timeout_s.or(self.heartbeat_timeout_s);
         self.state = one.state.or(self.state);
+        self.opens_at_ms = one.opens_at_ms.or(self.opens_at_ms);
+        self.prequeue_opens_at_ms = one.prequeue_opens_at_ms.or(self.prequeue_opens_at_ms);
         Ok(())
     }
 
@@ -262,19 +300,28 @@ impl SalePatch {
         if let Some(v) = self.state {
             out.push(("state", v.as_str().to_string()));
         }
+        if let Some(v) = self.opens_at_ms {
+            out.push(("opensAt", v.to_string()));
+        }
+        if let Some(v) = self.prequeue_opens_at_ms {
+            out.push(("prequeueOpensAt", v.to_string()));
+        }
         out
     }
 }
 
 impl Sale {
     /// An operator's change applied to the stored sale (or, for a new one, to `defaults`): the
-    /// model of `sale_write.lua`'s merge. A changed heartbeat width restarts the windows.
+    /// model of `sale_write.lua`'s merge. A changed heartbeat width restarts the windows. The
+    /// opening may not change once the draw has run, and the pre-queue opens before it; the
+    /// first opening set takes `seed` as the draw's seed (its commitment is public from then on).
     pub fn merged(
         old: Option<&Sale>,
         patch: &SalePatch,
         defaults: SaleDefaults,
+        seed: &[u8; 32],
         now_ms: u64,
-    ) -> Sale {
+    ) -> Result<Sale, FieldError> {
         let base = old.cloned().unwrap_or_else(|| Sale {
             window_ms: 0,
             ..defaults.sale(now_ms)
@@ -288,7 +335,17 @@ impl Sale {
             Some(_) => now_ms,
             None => 0,
         };
-        Sale {
+        let opens_at_ms = patch.opens_at_ms.unwrap_or(base.opens_at_ms);
+        let prequeue_opens_at_ms = patch
+            .prequeue_opens_at_ms
+            .unwrap_or(base.prequeue_opens_at_ms);
+        check_schedule(&base, opens_at_ms, prequeue_opens_at_ms)?;
+        let (draw_commitment, draw_seed) = if opens_at_ms > 0 && base.draw_commitment.is_empty() {
+            (crate::draw::commitment(seed), crate::draw::hex(seed))
+        } else {
+            (base.draw_commitment.clone(), base.draw_seed.clone())
+        };
+        Ok(Sale {
             batch_size: patch.batch_size.unwrap_or(base.batch_size),
             tick_ms: patch.tick_ms.unwrap_or(base.tick_ms),
             max_capacity: patch.max_capacity.unwrap_or(base.max_capacity),
@@ -298,7 +355,12 @@ impl Sale {
             updated_at_ms: now_ms,
             window_ms: window,
             window_since_ms,
-        }
+            opens_at_ms,
+            prequeue_opens_at_ms,
+            draw_commitment,
+            draw_seed,
+            ..base
+        })
     }
 
     /// Every field as stored in the hash.
@@ -313,7 +375,20 @@ impl Sale {
             ("updatedAtMs", self.updated_at_ms.to_string()),
             ("windowMs", self.window_ms.to_string()),
             ("windowSince", self.window_since_ms.to_string()),
+            ("opensAt", self.opens_at_ms.to_string()),
+            ("prequeueOpensAt", self.prequeue_opens_at_ms.to_string()),
+            ("drawCommitment", self.draw_commitment.clone()),
+            ("drawSeed", self.draw_seed.clone()),
+            ("drawnAt", self.drawn_at_ms.to_string()),
+            ("drawSeq", self.draw_seq.to_string()),
+            ("drawEntrants", self.draw_entrants.to_string()),
         ]
+    }
+
+    /// Whether users entering now are pre-queued: an opening is announced and the draw has not
+    /// run yet.
+    pub fn prequeue(&self) -> bool {
+        self.opens_at_ms > 0 && self.drawn_at_ms == 0
     }
 
     /// The stored hash (field/value pairs, as `HGETALL` answers). A hash missing a field or
@@ -340,6 +415,12 @@ impl Sale {
                 })
         };
         let any = (0, u64::MAX);
+        let opt = |name: &str| -> Result<u64, FieldError> {
+            match map.get(name) {
+                None => Ok(0),
+                Some(_) => int(name, any),
+            }
+        };
         Ok(Sale {
             batch_size: u32::try_from(int("batchSize", (1, MAX_BATCH))?).unwrap_or(u32::MAX),
             tick_ms: int("tickMs", TICK_MS)?,
@@ -353,6 +434,14 @@ impl Sale {
             updated_at_ms: int("updatedAtMs", any)?,
             window_ms: int("windowMs", (1, u64::MAX))?,
             window_since_ms: int("windowSince", any)?,
+            // The schedule and the draw: absent in a sale without an opening.
+            opens_at_ms: opt("opensAt")?,
+            prequeue_opens_at_ms: opt("prequeueOpensAt")?,
+            draw_commitment: map.get("drawCommitment").cloned().unwrap_or_default(),
+            draw_seed: map.get("drawSeed").cloned().unwrap_or_default(),
+            drawn_at_ms: opt("drawnAt")?,
+            draw_seq: opt("drawSeq")?,
+            draw_entrants: opt("drawEntrants")?,
         })
     }
 
@@ -366,8 +455,38 @@ impl Sale {
             "state": self.state.as_str(),
             "version": self.version,
             "updatedAtMs": self.updated_at_ms,
+            "opensAt": (self.opens_at_ms > 0).then_some(self.opens_at_ms),
+            "prequeueOpensAt": (self.prequeue_opens_at_ms > 0).then_some(self.prequeue_opens_at_ms),
+            "drawCommitment": (!self.draw_commitment.is_empty()).then(|| self.draw_commitment.clone()),
+            "drawnAt": (self.drawn_at_ms > 0).then_some(self.drawn_at_ms),
+            "drawEntrants": (self.drawn_at_ms > 0).then_some(self.draw_entrants),
         })
     }
+}
+
+/// Why a change of the schedule is refused after the draw (as `sale_write.lua` says it).
+const DRAWN: &str = "the draw has run: the schedule can no longer change";
+
+/// The schedule rules of a change: the opening is fixed once the draw has run, and a pre-queue
+/// opens before the opening.
+fn check_schedule(
+    base: &Sale,
+    opens_at_ms: u64,
+    prequeue_opens_at_ms: u64,
+) -> Result<(), FieldError> {
+    if base.drawn_at_ms > 0 && opens_at_ms != base.opens_at_ms {
+        return Err(bad("opensAt", DRAWN));
+    }
+    if base.drawn_at_ms > 0 && prequeue_opens_at_ms != base.prequeue_opens_at_ms {
+        return Err(bad("prequeueOpensAt", DRAWN));
+    }
+    if prequeue_opens_at_ms > 0 && (opens_at_ms == 0 || prequeue_opens_at_ms > opens_at_ms) {
+        return Err(bad(
+            "prequeueOpensAt",
+            "must come before opensAt (set opensAt too)",
+        ));
+    }
+    Ok(())
 }
 
 /// How long a replica answers from what it last read of a sale before reading it again.
@@ -393,6 +512,10 @@ pub struct SaleView {
     pub tick_ms: u64,
     pub heartbeat_timeout_s: u64,
     pub paused: bool,
+    /// The opening while users are pre-queued (epoch ms), else 0.
+    pub prequeue_until_ms: u64,
+    /// When the pre-queue opens (epoch ms; 0: none announced).
+    pub prequeue_opens_at_ms: u64,
 }
 
 impl SaleBook {
@@ -443,12 +566,16 @@ impl SaleBook {
                 tick_ms: s.tick_ms,
                 heartbeat_timeout_s: s.heartbeat_timeout_s,
                 paused: s.state == SaleState::Paused,
+                prequeue_until_ms: if s.prequeue() { s.opens_at_ms } else { 0 },
+                prequeue_opens_at_ms: s.prequeue_opens_at_ms,
             },
             None => SaleView {
                 batch_size: self.defaults.batch_size,
                 tick_ms: self.defaults.tick_ms,
                 heartbeat_timeout_s: self.defaults.heartbeat_timeout_s,
                 paused: false,
+                prequeue_until_ms: 0,
+                prequeue_opens_at_ms: 0,
             },
         }
     }
@@ -495,29 +622,71 @@ mod tests {
     #[test]
     fn a_merge_keeps_what_is_not_given_and_restarts_windows_on_a_new_width() {
         let d = SaleDefaults::default();
-        let created = Sale::merged(None, &patch(r#"{"batchSize": 5}"#).unwrap(), d, 1_000);
+        let seed = [3u8; 32];
+        let merge = |old: Option<&Sale>, p: &str, now| {
+            Sale::merged(old, &patch(p).unwrap(), d, &seed, now).unwrap()
+        };
+        let created = merge(None, r#"{"batchSize": 5}"#, 1_000);
         assert_eq!(
             (created.batch_size, created.tick_ms, created.version),
             (5, 2_000, 1)
         );
         assert_eq!((created.window_ms, created.window_since_ms), (15_000, 0));
-        let same_width = Sale::merged(
-            Some(&created),
-            &patch(r#"{"tickMs": 500}"#).unwrap(),
-            d,
-            2_000,
-        );
+        let same_width = merge(Some(&created), r#"{"tickMs": 500}"#, 2_000);
         assert_eq!((same_width.batch_size, same_width.tick_ms), (5, 500));
         assert_eq!((same_width.window_since_ms, same_width.version), (0, 2));
-        let shorter = Sale::merged(
-            Some(&same_width),
-            &patch(r#"{"heartbeatTimeoutS": 20}"#).unwrap(),
-            d,
-            3_000,
-        );
+        let shorter = merge(Some(&same_width), r#"{"heartbeatTimeoutS": 20}"#, 3_000);
         assert_eq!((shorter.window_ms, shorter.window_since_ms), (5_000, 3_000));
         let back = Sale::from_fields(shorter.to_fields()).unwrap();
         assert_eq!(back, shorter);
+        // The first opening commits to the seed; a later change keeps the commitment.
+        assert!(shorter.draw_commitment.is_empty());
+        let scheduled = merge(
+            Some(&shorter),
+            r#"{"opensAt": 9000, "prequeueOpensAt": 5000}"#,
+            4_000,
+        );
+        assert_eq!(scheduled.draw_commitment, crate::draw::commitment(&seed));
+        assert!(scheduled.prequeue());
+        let other = [4u8; 32];
+        let moved = Sale::merged(
+            Some(&scheduled),
+            &patch(r#"{"opensAt": 9500}"#).unwrap(),
+            d,
+            &other,
+            4_500,
+        )
+        .unwrap();
+        assert_eq!(moved.draw_commitment, scheduled.draw_commitment);
+        assert_eq!(Sale::from_fields(moved.to_fields()).unwrap(), moved);
+        for (p, field) in [
+            (r#"{"prequeueOpensAt": 9600}"#, "prequeueOpensAt"),
+            (r#"{"opensAt": 0}"#, "prequeueOpensAt"),
+        ] {
+            let e = Sale::merged(Some(&moved), &patch(p).unwrap(), d, &seed, 5_000).unwrap_err();
+            assert_eq!(e.field, field, "{p}");
+        }
+        let drawn = Sale {
+            drawn_at_ms: 9_500,
+            ..moved
+        };
+        let e = Sale::merged(
+            Some(&drawn),
+            &patch(r#"{"opensAt": 9700}"#).unwrap(),
+            d,
+            &seed,
+            9_600,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "opensAt");
+        assert!(Sale::merged(
+            Some(&drawn),
+            &patch(r#"{"batchSize": 9}"#).unwrap(),
+            d,
+            &seed,
+            9_600
+        )
+        .is_ok());
     }
 
     #[test]

@@ -639,3 +639,273 @@ fn the_cli_manages_sales_and_an_empty_redis_gets_them_back() {
         took.as_millis()
     );
 }
+
+/// The pre-queue and its draw, end to end on Redis through two replicas: refused (with
+/// `Retry-After`) before the pre-queue opens; pre-queued users get no position and an ETA that
+/// counts the time to the opening; at the opening every live pre-queued user gets exactly one of
+/// the pre-queue's seqs, in the order the seed gives; the seed revealed matches the commitment
+/// published before, and `vq-gateway draw verify` reproduces the order from the admin export; a
+/// user arriving after the draw queues behind, with a position.
+#[test]
+fn the_pre_queue_is_drawn_at_the_opening_and_anyone_can_check_the_draw() {
+    let _serial = serial();
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let gws: Vec<GatewayProc> = (0..2)
+        .map(|_| {
+            let mut cfg = redis_config(up.addr, &redis);
+            cfg.queue.tick_ms = 300;
+            start(cfg)
+        })
+        .collect();
+    gws[0].wait_flag_known();
+    let now = load::epoch_ms();
+    let (prequeue_at, opens_at) = (now + 1_500, now + 4_000);
+    let sale = put_sale(
+        &gws[0],
+        json!({"batchSize": 10, "tickMs": 300, "heartbeatTimeoutS": 30,
+               "prequeueOpensAt": prequeue_at, "opensAt": opens_at}),
+    );
+    let commitment = sale["drawCommitment"].as_str().unwrap().to_string();
+    assert_eq!(commitment.len(), 64);
+
+    let mut c = gws[1].client();
+    let early = enter(&mut c, 1);
+    assert_eq!(
+        early.status,
+        403,
+        "{}",
+        String::from_utf8_lossy(&early.body)
+    );
+    assert_eq!(early.json()["code"], "QUEUE_NOT_OPEN");
+    let retry: u64 = early.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=2).contains(&retry), "Retry-After {retry}");
+    let before = c.get(&format!("{Q}/draw"), &[]).unwrap().json();
+    assert_eq!(before["commitment"], commitment.as_str());
+    assert!(
+        before.get("seed").is_none(),
+        "the seed before the draw: {before}"
+    );
+
+    assert!(wait_until(Duration::from_secs(3), || load::epoch_ms() >= prequeue_at));
+    let users: Vec<u64> = (1..=200).map(|i| 7_000 + i * 13).collect();
+    let mut clients = [gws[0].client(), gws[1].client()];
+    for (i, u) in users.iter().enumerate() {
+        let r = enter(&mut clients[i % 2], *u);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let v = r.json();
+        assert_eq!(v["status"], "WAITING");
+        assert_eq!(v["position"], Value::Null, "a place before the draw: {v}");
+        assert_eq!(v["queueTicket"], Value::Null);
+        assert!(v["opensAt"].as_str().is_some(), "{v}");
+        let to_open = opens_at.saturating_sub(load::epoch_ms()) / 1000;
+        assert!(v["etaSeconds"].as_u64().unwrap() >= to_open, "{v}");
+    }
+    let provisional: Vec<(u64, u64)> = users
+        .iter()
+        .map(|u| {
+            let s = redis.cmd(&["ZSCORE", &format!("{KEY}:waiting"), &u.to_string()]);
+            (*u, s.as_str().unwrap().parse().unwrap())
+        })
+        .collect();
+    assert!(advances(&redis).is_empty(), "admissions before the opening");
+
+    // The opening: drawn within a tick or two.
+    let drawn = wait_until(Duration::from_secs(8), || {
+        c.get(&format!("{Q}/draw"), &[])
+            .is_ok_and(|r| r.json().get("seed").is_some())
+    });
+    assert!(drawn, "no draw after the opening");
+    let after = c.get(&format!("{Q}/draw"), &[]).unwrap().json();
+    let seed = vq_gateway::draw::unhex(after["seed"].as_str().unwrap()).unwrap();
+    assert_eq!(vq_gateway::draw::commitment(&seed), commitment);
+    assert_eq!(after["entrants"], 200);
+
+    // Every entrant holds exactly one of the pre-queue's seqs, in the seed's order.
+    let ranked = redis
+        .cmd(&["ZRANGE", &format!("{KEY}:waiting"), "0", "-1"])
+        .as_vec();
+    let ranked: Vec<u64> = ranked
+        .iter()
+        .map(|r| r.as_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(ranked.len(), 200);
+    assert_eq!(ranked, vq_gateway::draw::order(&seed, &users));
+    let mut seqs_after: Vec<u64> = users
+        .iter()
+        .map(|u| {
+            redis
+                .cmd(&["ZSCORE", &format!("{KEY}:waiting"), &u.to_string()])
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    seqs_after.sort_unstable();
+    let mut seqs_before: Vec<u64> = provisional.iter().map(|(_, s)| *s).collect();
+    seqs_before.sort_unstable();
+    assert_eq!(seqs_after, seqs_before, "the entrants exchanged their seqs");
+    assert!(provisional
+        .iter()
+        .any(|(u, s)| ranked.iter().position(|x| x == u).unwrap() as u64 + 1 != *s));
+
+    // The admin export and the CLI's check of it.
+    let export = admin(&gws[0], "GET", &format!("{SALE}/draw"), None, "");
+    assert_eq!(export.status, 200);
+    let file = gws[0].dir.0.join("draw.json");
+    std::fs::write(&file, &export.body).unwrap();
+    let (code, out, err) = run_bin(
+        &["draw", "verify", file.to_str().unwrap()],
+        &[],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("ok: "), "{out}");
+    let mut forged: Value = serde_json::from_slice(&export.body).unwrap();
+    forged["order"].as_array_mut().unwrap().swap(0, 199);
+    std::fs::write(&file, forged.to_string()).unwrap();
+    let (code, _, _) = run_bin(
+        &["draw", "verify", file.to_str().unwrap()],
+        &[],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(1), "a forged order passed");
+
+    // Admissions follow the draw's order; a late arrival queues behind with a position; the
+    // schedule cannot change any more.
+    assert!(wait_until(Duration::from_secs(3), || advances(&redis)
+        .len()
+        >= 2));
+    let first = ranked[0];
+    let r = poll(&mut c, first).unwrap().json();
+    assert_eq!(r["status"], "ADMITTED", "the draw's first: {r}");
+    let late = enter(&mut c, 99_999).json();
+    assert_eq!(late["position"], 201, "{late}");
+    assert_eq!(late["opensAt"], Value::Null);
+    let r = admin(
+        &gws[1],
+        "PUT",
+        SALE,
+        Some(ADMIN_TOKEN),
+        &json!({"opensAt": opens_at + 1}).to_string(),
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["field"], "opensAt");
+    eprintln!(
+        "pre-queue of 200 drawn at the opening; commitment {commitment} matched; order verified"
+    );
+}
+
+/// Uniformity over many draws made by the stores themselves (the memory store in process, and a
+/// smaller run on Redis), and the same chance for a user who entered ten minutes before the
+/// opening as for one who entered a millisecond before.
+#[test]
+fn every_entrant_has_the_same_chance_whenever_it_entered() {
+    use vq_gateway::sale::SalePatch;
+    use vq_gateway::store::{DrawStep, MemoryStore, Now, QueueStore, RedisStore};
+
+    async fn one_draw(
+        s: &dyn QueueStore,
+        id: u64,
+        entered: &[(u64, u64)],
+        opens_at: u64,
+    ) -> Vec<u64> {
+        let t = vq_gateway::queue::QueueTarget::new(vq_gateway::queue::TargetType::LimitedDrop, id);
+        let patch = SalePatch {
+            opens_at_ms: Some(opens_at),
+            ..SalePatch::default()
+        };
+        s.put_sale(
+            t,
+            &patch,
+            Now {
+                epoch_ms: opens_at - 700_000,
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        for (user, at) in entered {
+            let outcome = s.enter(t, *user, Now { epoch_ms: *at }).await.unwrap();
+            assert!(
+                matches!(outcome, vq_gateway::store::EnterOutcome::Waiting { .. }),
+                "{outcome:?}"
+            );
+        }
+        let at_opening = Now { epoch_ms: opens_at };
+        let DrawStep::Entrants {
+            draw_seq,
+            seed,
+            entrants,
+        } = s.draw_entrants(t, at_opening).await.unwrap()
+        else {
+            panic!("no entrants");
+        };
+        let places = vq_gateway::draw::places(&vq_gateway::draw::unhex(&seed).unwrap(), &entrants);
+        assert!(s
+            .apply_draw(t, draw_seq, &places, at_opening)
+            .await
+            .unwrap());
+        s.draw_order(t).await.unwrap()
+    }
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let opens_at = load::epoch_ms() + 1_000_000;
+    // In process: 2,000 draws of two users, one entered 10 minutes before the opening, the
+    // other 1 ms before.
+    let memory = MemoryStore::new().with_max_targets(10_000);
+    let early_first = rt.block_on(async {
+        let mut early_first = 0u32;
+        for id in 1..=2_000u64 {
+            let order = one_draw(
+                &memory,
+                id,
+                &[(1, opens_at - 600_000), (2, opens_at - 1)],
+                opens_at,
+            )
+            .await;
+            if order[0] == 1 {
+                early_first += 1;
+            }
+        }
+        early_first
+    });
+    // Binomial(2000, 1/2): mean 1000, standard deviation 22.4; 5 deviations either way.
+    assert!(
+        (888..=1112).contains(&early_first),
+        "entered early and drawn first {early_first} times of 2000"
+    );
+
+    // On Redis: 300 draws of four users, each place's distribution over the users.
+    let redis = RedisServer::start();
+    let counts = rt.block_on(async {
+        let store = RedisStore::new(&redis.url(), Duration::from_secs(2)).unwrap();
+        assert!(store.connect(Duration::from_secs(5)).await);
+        let mut counts = vec![vec![0u32; 4]; 4];
+        for id in 1..=300u64 {
+            let entered: Vec<(u64, u64)> = (1..=4).map(|u| (u, opens_at - 1_000 * u)).collect();
+            let order = one_draw(&store, id, &entered, opens_at).await;
+            for (place, user) in order.iter().enumerate() {
+                counts[place][*user as usize - 1] += 1;
+            }
+        }
+        counts
+    });
+    // The largest cell's term; a 4x4 table's total has 9 degrees of freedom (0.01 %: 33.7).
+    let total: f64 = {
+        let expected = 300.0 / 4.0;
+        counts
+            .iter()
+            .flat_map(|r| r.iter())
+            .map(|c| (f64::from(*c) - expected).powi(2) / expected)
+            .sum()
+    };
+    assert!(total < 33.7, "chi-square {total:.1} over {counts:?}");
+    eprintln!(
+        "draw uniformity: entered 10 min early and drawn first {early_first} of 2000 (memory); chi-square {total:.1} (9 df) over 300 draws of 4 on Redis: {counts:?}"
+    );
+}

@@ -54,7 +54,7 @@ async fn set_sale(s: &dyn QueueStore, t: QueueTarget, batch: u32, tick_ms: u64) 
         tick_ms: Some(tick_ms),
         ..SalePatch::default()
     };
-    s.put_sale(t, &patch, now()).await.unwrap()
+    s.put_sale(t, &patch, now()).await.unwrap().unwrap()
 }
 
 /// Sets the sale's `maxCapacity`.
@@ -63,7 +63,7 @@ async fn set_capacity(s: &dyn QueueStore, t: QueueTarget, max: u64) -> Sale {
         max_capacity: Some(max),
         ..SalePatch::default()
     };
-    s.put_sale(t, &patch, now()).await.unwrap()
+    s.put_sale(t, &patch, now()).await.unwrap().unwrap()
 }
 
 /// One admission step of the whole of a `batch` with the guard `GUARD`.

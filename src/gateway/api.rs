@@ -107,12 +107,14 @@ pub async fn handle(state: &AppState, call: ApiCall, headers: &HeaderMap) -> Rep
     }
     let result = match call.op {
         ApiOp::Stats => stats(state, call.target).await,
+        ApiOp::Draw => draw(state, call.target).await,
         op => match user_id(state, headers) {
             Ok(user) => match op {
                 ApiOp::Enter => enter(state, call.target, user, headers).await,
                 ApiOp::Poll => poll(state, call.target, user, headers).await,
                 ApiOp::Leave => leave(state, call.target, user).await,
                 ApiOp::Stats => stats(state, call.target).await,
+                ApiOp::Draw => draw(state, call.target).await,
             },
             Err(e) => Err(e),
         },
@@ -141,9 +143,24 @@ fn entry(status: EntryStatus) -> Reply {
 /// A waiting answer by the sale's own budget, tick and heartbeat timeout (never this file's:
 /// a poll hint longer than a third of the sale's timeout would get users who follow it evicted).
 /// While the sale is paused the ETA is unknown (`null`) and the hint is the tick.
-fn waiting_status(sale: SaleView, seq: u64, ahead: u64) -> EntryStatus {
+fn waiting_status(sale: SaleView, seq: u64, ahead: u64, now: Now) -> EntryStatus {
     let tick = std::time::Duration::from_millis(sale.tick_ms);
     let timeout = std::time::Duration::from_secs(sale.heartbeat_timeout_s);
+    if sale.prequeue_until_ms > 0 {
+        // Pre-queued: no place until the draw. The ETA is the time to the opening and the wait
+        // of a place drawn at random among the pre-queue's users (`ahead` counts those who
+        // entered before this one: the pre-queue has at least `ahead + 1`).
+        let to_open = sale
+            .prequeue_until_ms
+            .saturating_sub(now.epoch_ms)
+            .div_ceil(1000);
+        let eta = to_open.saturating_add(eta_seconds(ahead / 2, sale.batch_size, tick));
+        return EntryStatus::Prequeued {
+            eta_seconds: eta,
+            poll_after_seconds: poll_after_seconds(to_open.saturating_mul(2), tick, timeout),
+            opens_at: sale.prequeue_until_ms / 1000,
+        };
+    }
     if sale.paused {
         return EntryStatus::Waiting {
             seq,
@@ -161,24 +178,60 @@ fn waiting_status(sale: SaleView, seq: u64, ahead: u64) -> EntryStatus {
     }
 }
 
-fn waiting(sale: SaleView, seq: u64, ahead: u64) -> Reply {
-    entry(waiting_status(sale, seq, ahead))
+fn waiting(sale: SaleView, seq: u64, ahead: u64, now: Now) -> Reply {
+    entry(waiting_status(sale, seq, ahead, now))
 }
 
-/// The sale's parameters as this replica last read them (within a second), read again through
-/// the store when older; the last reading, or this file's defaults, when the store cannot say.
-async fn sale_view(state: &AppState, target: QueueTarget, now: Now) -> SaleView {
+/// The sale as this replica last read it (within a second), read again through the store when
+/// older; the last reading when the store cannot say (`None`: no sale, or never read).
+async fn sale_of(state: &AppState, target: QueueTarget, now: Now) -> Option<crate::sale::Sale> {
     let book = &state.sales;
     if let Some(sale) = book.fresh(target, now.epoch_ms) {
-        return book.view(sale.as_ref());
+        return sale;
     }
     match state.store.sale(target).await {
         Ok(sale) => {
             book.set(target, sale.clone(), now.epoch_ms);
-            book.view(sale.as_ref())
+            sale
         }
-        Err(_) => book.view(book.last(target).as_ref()),
+        Err(_) => book.last(target),
     }
+}
+
+/// The sale's parameters for an answer: its own, or this file's defaults for a sale not created
+/// yet.
+async fn sale_view(state: &AppState, target: QueueTarget, now: Now) -> SaleView {
+    let sale = sale_of(state, target, now).await;
+    state.sales.view(sale.as_ref())
+}
+
+/// `GET …/draw` (public): the draw's commitment and opening before it runs; after it, the
+/// revealed seed, the number of entrants and the algorithm, so anyone holding the entrant list
+/// (admin export) can check the order (`vq-gateway draw verify`). Answered from the replica's
+/// book of sales (read at most once a second per sale), whatever the request rate.
+async fn draw(state: &AppState, target: QueueTarget) -> Result<Reply, ApiError> {
+    let now = now();
+    let sale = sale_of(state, target, now).await;
+    let Some(sale) = sale.filter(|s| !s.draw_commitment.is_empty()) else {
+        return Err(ApiError::NoDraw);
+    };
+    let iso = |ms: u64| crate::queue::iso8601_utc(ms / 1000);
+    let body = if sale.drawn_at_ms > 0 {
+        serde_json::json!({
+            "commitment": sale.draw_commitment,
+            "opensAt": iso(sale.opens_at_ms),
+            "drawnAt": iso(sale.drawn_at_ms),
+            "seed": sale.draw_seed,
+            "entrants": sale.draw_entrants,
+            "algorithm": crate::draw::ALGORITHM,
+        })
+    } else {
+        serde_json::json!({
+            "commitment": sale.draw_commitment,
+            "opensAt": iso(sale.opens_at_ms),
+        })
+    };
+    Ok(Reply::json(200, &body))
 }
 
 /// An enter's `WAITING` answer, with the queue ticket that proves the user's place while the
@@ -203,7 +256,12 @@ fn waiting_with_ticket(
             expires_at: now.epoch_ms / 1000 + crate::store::TARGET_KEY_TTL_SECS,
         },
     );
-    let response = QueueEntryResponse::from(waiting_status(sale, seq, ahead)).with_ticket(ticket);
+    let status = waiting_status(sale, seq, ahead, now);
+    if let EntryStatus::Prequeued { .. } = status {
+        // No ticket in the pre-queue: its seq is the order of arrival, which the draw discards.
+        return entry(status);
+    }
+    let response = QueueEntryResponse::from(status).with_ticket(ticket);
     Reply::json(200, &response)
 }
 
@@ -320,6 +378,12 @@ async fn enter(
             count("full");
             Err(ApiError::QueueFull)
         }
+        Ok(EnterOutcome::Early) => {
+            count("early");
+            let sale = sale_view(state, target, now).await;
+            let wait_ms = sale.prequeue_opens_at_ms.saturating_sub(now.epoch_ms);
+            Err(ApiError::NotOpenYet(wait_ms.div_ceil(1000)))
+        }
         Ok(EnterOutcome::TooManyTargets) => {
             count("too_many_targets");
             log_too_many(target, state.config.queue.max_active_targets.get(), now);
@@ -368,9 +432,12 @@ async fn poll(
         c
     };
     match state.store.poll(target, user, now, &mint).await {
-        Ok(PollOutcome::Waiting { seq, ahead }) => {
-            Ok(waiting(sale_view(state, target, now).await, seq, ahead))
-        }
+        Ok(PollOutcome::Waiting { seq, ahead }) => Ok(waiting(
+            sale_view(state, target, now).await,
+            seq,
+            ahead,
+            now,
+        )),
         Ok(PollOutcome::Admitted {
             token,
             expires_at,

@@ -17,6 +17,7 @@ pub enum RouteClass {
     Poll,
     Leave,
     Stats,
+    Draw,
     /// Under `/virtual-queues` but not a valid call (answered with an error).
     QueueError,
     /// A gated purchase route.
@@ -34,6 +35,7 @@ impl RouteClass {
             RouteClass::Poll => "queue_poll",
             RouteClass::Leave => "queue_leave",
             RouteClass::Stats => "queue_stats",
+            RouteClass::Draw => "queue_draw",
             RouteClass::QueueError => "queue_error",
             RouteClass::Gated => "gated",
             RouteClass::Proxy => "proxy",
@@ -42,13 +44,14 @@ impl RouteClass {
     }
 }
 
-/// The four operations of the queue API (SPEC §3).
+/// The four operations of the queue API (SPEC §3), and the sale's draw (public, like stats).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApiOp {
     Enter,
     Poll,
     Leave,
     Stats,
+    Draw,
 }
 
 impl ApiOp {
@@ -59,6 +62,7 @@ impl ApiOp {
             ApiOp::Poll => RouteClass::Poll,
             ApiOp::Leave => RouteClass::Leave,
             ApiOp::Stats => RouteClass::Stats,
+            ApiOp::Draw => RouteClass::Draw,
         }
     }
 }
@@ -103,9 +107,13 @@ pub fn parse_api(path: &CanonicalPath, method: &Method) -> Result<ApiCall, ApiEr
         ([Some("entries"), Some("me"), None], &Method::GET) => ApiOp::Poll,
         ([Some("entries"), Some("me"), None], &Method::DELETE) => ApiOp::Leave,
         ([Some("stats"), None, None], &Method::GET) => ApiOp::Stats,
-        ([Some("entries"), None | Some("me"), None] | [Some("stats"), None, None], _) => {
-            return Err(ApiError::MethodNotAllowed)
-        }
+        ([Some("draw"), None, None], &Method::GET) => ApiOp::Draw,
+        (
+            [Some("entries"), None | Some("me"), None]
+            | [Some("stats"), None, None]
+            | [Some("draw"), None, None],
+            _,
+        ) => return Err(ApiError::MethodNotAllowed),
         _ => return Err(ApiError::BadRequest("unknown queue resource")),
     };
     Ok(ApiCall { op, target })
@@ -145,6 +153,15 @@ mod tests {
             "/virtual-queues/limited-drop/42/stats",
             Method::GET,
             ApiOp::Stats,
+        );
+        ok(
+            "/virtual-queues/limited-drop/42/draw",
+            Method::GET,
+            ApiOp::Draw,
+        );
+        assert_eq!(
+            parse("/virtual-queues/limited-drop/42/draw", Method::POST),
+            Err(ApiError::MethodNotAllowed)
         );
         let e = parse("/virtual-queues/ticketing-event/7/stats", Method::GET).unwrap();
         assert_eq!(e.target, QueueTarget::new(TargetType::TicketingEvent, 7));

@@ -109,6 +109,19 @@ pub async fn handle(
             _ => error(405, "METHOD_NOT_ALLOWED", "GET /sales"),
         };
     }
+    if let Some(rest) = req
+        .path
+        .strip_prefix("/sales/")
+        .and_then(|r| r.strip_suffix("/draw"))
+    {
+        let Some(target) = sale_target(rest) else {
+            return error(404, "NOT_FOUND", "draws are at /sales/{type}/{id}/draw");
+        };
+        return match *req.method {
+            Method::GET => draw_export(state, target).await,
+            _ => error(405, "METHOD_NOT_ALLOWED", "GET"),
+        };
+    }
     let Some(target) = req.path.strip_prefix("/sales/").and_then(sale_target) else {
         return error(
             404,
@@ -144,25 +157,27 @@ pub async fn handle(
 }
 
 async fn put(state: &Arc<AppState>, target: QueueTarget, body: &[u8]) -> SalesAnswer {
+    let bad_field = |e: crate::sale::FieldError| {
+        (
+            400,
+            Some(serde_json::json!({
+                "code": "BAD_REQUEST",
+                "field": e.field,
+                "detail": e.to_string(),
+            })),
+        )
+    };
     let patch = match SalePatch::from_json(body) {
         Ok(p) => p,
-        Err(e) => {
-            return (
-                400,
-                Some(serde_json::json!({
-                    "code": "BAD_REQUEST",
-                    "field": e.field,
-                    "detail": e.to_string(),
-                })),
-            )
-        }
+        Err(e) => return bad_field(e),
     };
     let sale = match state
         .store
         .put_sale(target, &patch, crate::clock::now())
         .await
     {
-        Ok(s) => s,
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return bad_field(e),
         Err(e) => return store_error(&e),
     };
     // Registered after it exists: a sale is never listed without its parameters.
@@ -192,6 +207,41 @@ async fn delete(state: &Arc<AppState>, target: QueueTarget) -> SalesAnswer {
         Ok(false) => error(404, "NOT_FOUND", format!("no sale {target}")),
         Err(e) => store_error(&e),
     }
+}
+
+/// The draw for an auditor: the commitment and, once drawn, the seed, the entrants (sorted ids)
+/// and the order they were given. `vq-gateway draw verify FILE` checks a saved copy.
+async fn draw_export(state: &Arc<AppState>, target: QueueTarget) -> SalesAnswer {
+    let sale = match state.store.sale(target).await {
+        Ok(Some(s)) if !s.draw_commitment.is_empty() => s,
+        Ok(_) => {
+            return error(
+                404,
+                "NO_DRAW",
+                format!("{target} has no opening, so no draw"),
+            )
+        }
+        Err(e) => return store_error(&e),
+    };
+    let mut v = serde_json::json!({
+        "sale": target.to_string(),
+        "commitment": sale.draw_commitment,
+        "opensAt": sale.opens_at_ms,
+    });
+    if sale.drawn_at_ms > 0 {
+        let order = match state.store.draw_order(target).await {
+            Ok(o) => o,
+            Err(e) => return store_error(&e),
+        };
+        let mut entrants = order.clone();
+        entrants.sort_unstable();
+        v["drawnAt"] = sale.drawn_at_ms.into();
+        v["seed"] = sale.draw_seed.into();
+        v["algorithm"] = crate::draw::ALGORITHM.into();
+        v["entrants"] = entrants.into();
+        v["order"] = order.into();
+    }
+    (200, Some(v))
 }
 
 async fn list(state: &Arc<AppState>) -> SalesAnswer {

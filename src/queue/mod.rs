@@ -9,7 +9,7 @@ mod status;
 mod target;
 
 pub use position::{eta_seconds, poll_after_seconds, QueuePosition};
-pub use status::{EntryStatus, QueueEntryResponse, QueueStats, QueueStatsResponse};
+pub use status::{iso8601_utc, EntryStatus, QueueEntryResponse, QueueStats, QueueStatsResponse};
 pub use target::{parse_positive_id, positive_id, QueueTarget, TargetType};
 
 /// A duration in whole milliseconds, saturating at `u64::MAX` instead of failing.

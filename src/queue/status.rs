@@ -18,6 +18,12 @@ pub enum EntryStatus {
     Admitted { token: String, expires_at: u64 },
     /// Let through without queueing (flag off for this user, or the store failed open).
     DirectAdmitted { token: String, expires_at: u64 },
+    /// In the sale's pre-queue: no place until the draw at `opens_at` (epoch s) gives one.
+    Prequeued {
+        eta_seconds: u64,
+        poll_after_seconds: u64,
+        opens_at: u64,
+    },
     /// The store is unavailable and this replica's paced budget for the tick is used up: poll
     /// again after `poll_after_seconds`. Neither the user's place nor an ETA is known without
     /// the store (`etaSeconds` is `null`).
@@ -42,6 +48,10 @@ pub struct QueueEntryResponse {
     /// back in `X-Queue-Ticket`, it gives the user precedence over fresh arrivals, by seq, while
     /// the store is down (`token::TicketClaims`).
     pub queue_ticket: Option<String>,
+    /// The sale's opening (additive; only while pre-queued): the draw then gives the user a
+    /// place.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub opens_at: Option<String>,
 }
 
 impl QueueEntryResponse {
@@ -68,6 +78,7 @@ impl From<EntryStatus> for QueueEntryResponse {
             poll_after_seconds: Some(poll),
             degraded: false,
             queue_ticket: None,
+            opens_at: None,
         };
         let with_token = |status, token, exp| QueueEntryResponse {
             status,
@@ -79,6 +90,7 @@ impl From<EntryStatus> for QueueEntryResponse {
             poll_after_seconds: None,
             degraded: false,
             queue_ticket: None,
+            opens_at: None,
         };
         match s {
             EntryStatus::Waiting {
@@ -103,6 +115,23 @@ impl From<EntryStatus> for QueueEntryResponse {
                 poll_after_seconds: Some(poll_after_seconds),
                 degraded: true,
                 queue_ticket: None,
+                opens_at: None,
+            },
+            EntryStatus::Prequeued {
+                eta_seconds,
+                poll_after_seconds,
+                opens_at,
+            } => QueueEntryResponse {
+                status: "WAITING",
+                position: None,
+                ahead_count: None,
+                eta_seconds: Some(eta_seconds),
+                entry_token: None,
+                token_expires_at: None,
+                poll_after_seconds: Some(poll_after_seconds),
+                degraded: false,
+                queue_ticket: None,
+                opens_at: Some(iso8601_utc(opens_at)),
             },
         }
     }

@@ -33,7 +33,7 @@ use super::{
 };
 use crate::metrics::Metrics;
 use crate::queue::{QueueStats, QueueTarget};
-use crate::sale::{Sale, SalePatch};
+use crate::sale::{FieldError, Sale, SalePatch};
 
 /// Consecutive timeouts that open the breaker, how long it stays open before a probe, and how
 /// many silent probes in a row ask for a reconnect.
@@ -469,7 +469,7 @@ impl QueueStore for StoreGuard {
         target: QueueTarget,
         patch: &SalePatch,
         now: Now,
-    ) -> Result<Sale, StoreError> {
+    ) -> Result<Result<Sale, FieldError>, StoreError> {
         let fut = self.inner.put_sale(target, patch, now);
         self.run(Class::Background, "sale", fut).await
     }
@@ -481,6 +481,31 @@ impl QueueStore for StoreGuard {
 
     async fn delete_sale(&self, target: QueueTarget) -> Result<bool, StoreError> {
         let fut = self.inner.delete_sale(target);
+        self.run(Class::Background, "sale", fut).await
+    }
+
+    async fn draw_entrants(
+        &self,
+        target: QueueTarget,
+        now: Now,
+    ) -> Result<crate::store::DrawStep, StoreError> {
+        let fut = self.inner.draw_entrants(target, now);
+        self.run(Class::Background, "pump", fut).await
+    }
+
+    async fn apply_draw(
+        &self,
+        target: QueueTarget,
+        draw_seq: u64,
+        places: &[(u64, u64)],
+        now: Now,
+    ) -> Result<bool, StoreError> {
+        let fut = self.inner.apply_draw(target, draw_seq, places, now);
+        self.run(Class::Background, "pump", fut).await
+    }
+
+    async fn draw_order(&self, target: QueueTarget) -> Result<Vec<u64>, StoreError> {
+        let fut = self.inner.draw_order(target);
         self.run(Class::Background, "sale", fut).await
     }
 

@@ -17,7 +17,7 @@ mod scripts;
 use async_trait::async_trait;
 
 use crate::queue::{QueueStats, QueueTarget};
-use crate::sale::{Sale, SalePatch};
+use crate::sale::{FieldError, Sale, SalePatch};
 
 pub use guard::{GuardConfig, StoreGuard};
 pub use memory::MemoryStore;
@@ -92,6 +92,8 @@ pub enum EnterOutcome {
     Admitted { token: String, expires_at: u64 },
     /// The waiting set is at capacity.
     Full,
+    /// The sale's pre-queue has not opened yet (`prequeueOpensAt`).
+    Early,
     /// A new target would exceed the cap on active targets (clients choose target ids, so the
     /// number of queues must be bounded).
     TooManyTargets,
@@ -182,6 +184,24 @@ pub enum AdvanceOutcome {
     Idle,
     /// The sale is paused: nobody admitted, everyone keeps their place.
     Paused,
+    /// An opening is announced and the draw has not run: nobody admitted. `retry_in_ms` is the
+    /// time until the opening; 0 once the draw is due.
+    Prequeue,
+}
+
+/// The pre-queue at its draw (`QueueStore::draw_entrants`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DrawStep {
+    /// No opening, or not reached yet.
+    NotYet,
+    /// The draw has run.
+    Drawn,
+    /// The users to place: (user, seq) with every seq at most `draw_seq`, and the seed (hex).
+    Entrants {
+        draw_seq: u64,
+        seed: String,
+        entrants: Vec<(u64, u64)>,
+    },
 }
 
 /// The whole batch, in the millionths `QueueStore::advance` takes.
@@ -288,13 +308,15 @@ pub trait QueueStore: Send + Sync + 'static {
     async fn sale(&self, target: QueueTarget) -> Result<Option<Sale>, StoreError>;
 
     /// An operator's change of a sale (created from the store's `SaleDefaults` if new): the
-    /// stored sale after it, its version one higher.
+    /// stored sale after it, its version one higher; or the field the stored sale refuses to
+    /// change (`Sale::merged`'s rules: the opening after the draw, a pre-queue after the
+    /// opening).
     async fn put_sale(
         &self,
         target: QueueTarget,
         patch: &SalePatch,
         now: Now,
-    ) -> Result<Sale, StoreError>;
+    ) -> Result<Result<Sale, FieldError>, StoreError>;
 
     /// Writes `sale` back when the stored one is missing or older (Redis lost it); answers the
     /// stored sale after the call.
@@ -303,6 +325,25 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Drops a sale and its queue (waiting users are no longer known; tokens already issued stay
     /// valid until they expire). False when there was no sale.
     async fn delete_sale(&self, target: QueueTarget) -> Result<bool, StoreError>;
+
+    /// The draw's first step, at or after the sale's opening: closes the pre-queue (every later
+    /// enter gets a seq after `draw_seq`) and answers its users.
+    async fn draw_entrants(&self, target: QueueTarget, now: Now) -> Result<DrawStep, StoreError>;
+
+    /// The draw's second step: gives each entrant its new seq (`places`, from `draw::places`),
+    /// in one atomic step, if the entrants are still exactly those `draw_entrants` answered
+    /// (false otherwise: nothing written, the caller starts over). Records the order, the time
+    /// and the count; the heartbeat windows restart (they are kept by seq).
+    async fn apply_draw(
+        &self,
+        target: QueueTarget,
+        draw_seq: u64,
+        places: &[(u64, u64)],
+        now: Now,
+    ) -> Result<bool, StoreError>;
+
+    /// The draw's order (user ids, first admitted first), once it has run.
+    async fn draw_order(&self, target: QueueTarget) -> Result<Vec<u64>, StoreError>;
 
     /// Adds `target` to, or removes it from, the registered sales every replica reads
     /// (`queue:targets`): the list of sales replicas write back after a data loss, and the sales

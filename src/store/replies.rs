@@ -110,7 +110,7 @@ pub fn enter_fields(tag: &str) -> Option<usize> {
     match tag {
         "WAITING" => Some(3),
         "ADMITTED" => Some(1),
-        "FULL" => Some(0),
+        "FULL" | "EARLY" => Some(0),
         _ => None,
     }
 }
@@ -144,6 +144,7 @@ pub fn enter(v: Value) -> Result<(EnterOutcome, bool), StoreError> {
             Ok((EnterOutcome::Admitted { token, expires_at }, false))
         }
         "FULL" => Ok((EnterOutcome::Full, false)),
+        "EARLY" => Ok((EnterOutcome::Early, false)),
         _ => Err(StoreError::Protocol("unknown enter reply".into())),
     }
 }
@@ -217,6 +218,7 @@ pub fn advance(v: Value) -> Result<Advance, StoreError> {
         "GUARDED" => AdvanceOutcome::Guarded,
         "IDLE" => AdvanceOutcome::Idle,
         "PAUSED" => AdvanceOutcome::Paused,
+        "PREQUEUE" => AdvanceOutcome::Prequeue,
         _ => return Err(StoreError::Protocol("unknown advance reply".into())),
     };
     let num = |i: usize, what: &str| match items.get(i) {
@@ -233,6 +235,56 @@ pub fn advance(v: Value) -> Result<Advance, StoreError> {
             .map_err(|_| StoreError::Protocol("batch size out of range".into()))?,
         tick_ms: num(6, "tick")?,
     })
+}
+
+/// `draw.lua`'s answer to "prepare".
+pub fn draw_step(v: Value) -> Result<crate::store::DrawStep, StoreError> {
+    use crate::store::DrawStep;
+    let items = reply_array(v, "draw")?;
+    match tag(&items).as_str() {
+        "NOT_YET" => Ok(DrawStep::NotYet),
+        "DRAWN" => Ok(DrawStep::Drawn),
+        "ENTRANTS" => {
+            let draw_seq = as_u64(
+                items
+                    .get(1)
+                    .ok_or_else(|| StoreError::Protocol("short draw reply".into()))?,
+                "draw seq",
+            )?;
+            let seed = items.get(2).and_then(|v| v.as_string()).unwrap_or_default();
+            let mut entrants = Vec::with_capacity(items.len().saturating_sub(3) / 2);
+            for pair in items[3.min(items.len())..].chunks(2) {
+                let [user, seq] = pair else {
+                    return Err(StoreError::Protocol("odd draw reply".into()));
+                };
+                entrants.push((as_u64(user, "draw user")?, as_u64(seq, "draw seq")?));
+            }
+            Ok(DrawStep::Entrants {
+                draw_seq,
+                seed,
+                entrants,
+            })
+        }
+        _ => Err(StoreError::Protocol("unknown draw reply".into())),
+    }
+}
+
+/// `sale_write.lua`'s answer to a merge: the stored sale, or `{"REFUSED", field, why}`.
+pub fn sale_written(
+    v: Value,
+) -> Result<Result<crate::sale::Sale, crate::sale::FieldError>, StoreError> {
+    if let Value::Array(items) = &v {
+        if items.first().and_then(|t| t.as_string()).as_deref() == Some("REFUSED") {
+            let text = |i: usize| items.get(i).and_then(|x| x.as_string()).unwrap_or_default();
+            return Ok(Err(crate::sale::FieldError {
+                field: text(1),
+                message: text(2),
+            }));
+        }
+    }
+    sale(v)?
+        .map(Ok)
+        .ok_or_else(|| StoreError::Protocol("sale_write: no sale".into()))
 }
 
 /// A sale hash (`HGETALL`, or `sale_write.lua`'s answer): `None` when empty. A stored sale the

@@ -40,6 +40,7 @@ pub struct Scripts {
     pub settings_read: Script,
     pub settings_write: Script,
     pub sale_write: Script,
+    pub draw: Script,
 }
 
 impl Scripts {
@@ -65,10 +66,11 @@ impl Scripts {
                 include_str!("../../lua/settings_write.lua"),
             ),
             sale_write: Script::new("sale_write", include_str!("../../lua/sale_write.lua")),
+            draw: Script::new("draw", include_str!("../../lua/draw.lua")),
         }
     }
 
-    pub fn all(&self) -> [&Script; 14] {
+    pub fn all(&self) -> [&Script; 15] {
         [
             &self.enter,
             &self.poll,
@@ -84,6 +86,7 @@ impl Scripts {
             &self.settings_read,
             &self.settings_write,
             &self.sale_write,
+            &self.draw,
         ]
     }
 }
@@ -106,6 +109,8 @@ pub enum Key<'a> {
     Waiting,
     /// Bitmap by seq: 1 while that seq waits.
     Queued,
+    /// The draw's order (`draw.lua`).
+    Draw,
     /// The sale's parameters (`sale_write.lua`). (The heartbeat windows' bitmaps,
     /// `alive:{windowMs}:{window}`, are named by the scripts themselves from the sale's width.)
     Sale,
@@ -142,6 +147,7 @@ impl TargetKeys {
             Key::Waiting => format!("{p}waiting"),
             Key::Queued => format!("{p}queued"),
             Key::Sale => format!("{p}sale"),
+            Key::Draw => format!("{p}draw"),
             Key::Sweep => format!("{p}sweep"),
             Key::Seq => format!("{p}seq"),
             Key::AdmittedCount => format!("{p}admitted_count"),
@@ -222,7 +228,16 @@ impl TargetKeys {
     /// own): what deleting a sale drops with it.
     pub fn queue_state_keys(&self) -> Vec<String> {
         let mut keys = self.shared_keys();
-        keys.extend([Key::LastAdvance, Key::Lock, Key::Summary, Key::Sweep].map(|k| self.of(k)));
+        keys.extend(
+            [
+                Key::LastAdvance,
+                Key::Lock,
+                Key::Summary,
+                Key::Sweep,
+                Key::Draw,
+            ]
+            .map(|k| self.of(k)),
+        );
         keys
     }
 }

@@ -18,7 +18,7 @@ use super::{
     TARGET_KEY_TTL_SECS, WAIT_SAMPLES, WHOLE_BATCH_PPM,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
-use crate::sale::{Sale, SaleDefaults, SalePatch, SaleState};
+use crate::sale::{FieldError, Sale, SaleDefaults, SalePatch, SaleState};
 
 mod chunked;
 mod fenwick;
@@ -99,6 +99,8 @@ struct TargetState {
     /// Whether some waiter's latest heartbeat is in a window of another width than the sale's
     /// (its heartbeat timeout changed): the next sweep that may evict looks at every waiter.
     mixed_widths: bool,
+    /// The draw's order (user ids, first admitted first), once it ran.
+    draw_order: Vec<u64>,
     /// The sale a first enter created from the defaults (an operator's sale is kept apart, in
     /// `MemoryStore::sales`, and outlives the target's state); it expires with the target.
     auto_sale: Option<Sale>,
@@ -315,6 +317,9 @@ impl QueueStore for MemoryStore {
                     sale
                 }
             };
+            if now.epoch_ms < sale.prequeue_opens_at_ms {
+                return EnterOutcome::Early;
+            }
             let (capacity, width) = (sale.max_capacity, sale.window_ms);
             let window = Liveness::of_width(width).window(now.epoch_ms);
             if let Some((expires_at, token)) = t.token(user, now) {
@@ -490,7 +495,8 @@ impl QueueStore for MemoryStore {
             // As advance.lua: the sale's batch, tick and state, or the defaults for a sale that
             // does not exist.
             let d = self.defaults;
-            let (batch_size, tick_ms, paused) = match operators.or_else(|| t.auto_sale.clone()) {
+            let sale = operators.or_else(|| t.auto_sale.clone());
+            let (batch_size, tick_ms, paused) = match &sale {
                 Some(s) => (s.batch_size, s.tick_ms, s.state == SaleState::Paused),
                 None => (d.batch_size, d.tick_ms, false),
             };
@@ -512,6 +518,12 @@ impl QueueStore for MemoryStore {
             };
             if paused {
                 return result(AdvanceOutcome::Paused, t.admitted_count, 0);
+            }
+            if let Some(s) = sale.as_ref().filter(|s| s.prequeue()) {
+                return Advance {
+                    retry_in_ms: s.opens_at_ms.saturating_sub(now.epoch_ms),
+                    ..result(AdvanceOutcome::Prequeue, t.admitted_count, 0)
+                };
             }
             if let Some(since) = t
                 .last_advance_ms
@@ -606,6 +618,97 @@ impl QueueStore for MemoryStore {
         })
     }
 
+    async fn draw_entrants(
+        &self,
+        target: QueueTarget,
+        now: Now,
+    ) -> Result<crate::store::DrawStep, StoreError> {
+        use crate::store::DrawStep;
+        // As draw.lua's "prepare" (only an operator's sale has an opening).
+        let mut targets = self.targets.lock();
+        let mut sales = self.sales.lock();
+        let Some(sale) = sales.get_mut(&target) else {
+            return Ok(DrawStep::NotYet);
+        };
+        if sale.drawn_at_ms > 0 {
+            return Ok(DrawStep::Drawn);
+        }
+        if sale.opens_at_ms == 0 || now.epoch_ms < sale.opens_at_ms {
+            return Ok(DrawStep::NotYet);
+        }
+        let t = targets.map.get_mut(&target);
+        if sale.draw_seq == 0 {
+            sale.draw_seq = t.as_ref().map_or(0, |t| t.seq);
+        }
+        let draw_seq = sale.draw_seq;
+        let mut entrants: Vec<(u64, u64)> = t
+            .map(|t| {
+                t.waiting
+                    .iter()
+                    .filter(|(_, w)| w.seq <= draw_seq)
+                    .map(|(u, w)| (*u, w.seq))
+                    .collect()
+            })
+            .unwrap_or_default();
+        entrants.sort_unstable_by_key(|(_, seq)| *seq);
+        Ok(DrawStep::Entrants {
+            draw_seq,
+            seed: sale.draw_seed.clone(),
+            entrants,
+        })
+    }
+
+    async fn apply_draw(
+        &self,
+        target: QueueTarget,
+        draw_seq: u64,
+        places: &[(u64, u64)],
+        now: Now,
+    ) -> Result<bool, StoreError> {
+        // As draw.lua's "apply": only over exactly the entrants still waiting.
+        let mut targets = self.targets.lock();
+        let mut sales = self.sales.lock();
+        let Some(sale) = sales.get_mut(&target) else {
+            return Ok(false);
+        };
+        if sale.drawn_at_ms > 0
+            || sale.opens_at_ms == 0
+            || now.epoch_ms < sale.opens_at_ms
+            || sale.draw_seq != draw_seq
+        {
+            return Ok(false);
+        }
+        let Some(t) = targets.map.get_mut(&target) else {
+            return Ok(places.is_empty());
+        };
+        let present = t.waiting.values().filter(|w| w.seq <= draw_seq).count();
+        let all_there = places
+            .iter()
+            .all(|(u, _)| t.waiting.get(u).is_some_and(|w| w.seq <= draw_seq));
+        if present != places.len() || !all_there {
+            return Ok(false);
+        }
+        for (user, seq) in places {
+            if let Some(w) = t.waiting.get_mut(user) {
+                w.seq = *seq;
+            }
+        }
+        t.draw_order = places.iter().map(|(u, _)| *u).collect();
+        sale.drawn_at_ms = now.epoch_ms;
+        sale.draw_entrants = places.len() as u64;
+        sale.window_since_ms = now.epoch_ms;
+        Ok(true)
+    }
+
+    async fn draw_order(&self, target: QueueTarget) -> Result<Vec<u64>, StoreError> {
+        let targets = self.targets.lock();
+        Ok(targets
+            .map
+            .get(&target)
+            .map(|t| t.draw_order.clone())
+            .unwrap_or_default())
+    }
+
     async fn sale(&self, target: QueueTarget) -> Result<Option<Sale>, StoreError> {
         if let Some(s) = self.sales.lock().get(&target) {
             return Ok(Some(s.clone()));
@@ -619,7 +722,7 @@ impl QueueStore for MemoryStore {
         target: QueueTarget,
         patch: &SalePatch,
         now: Now,
-    ) -> Result<Sale, StoreError> {
+    ) -> Result<Result<Sale, FieldError>, StoreError> {
         let mut targets = self.targets.lock();
         let state = targets.map.get_mut(&target);
         let mut sales = self.sales.lock();
@@ -627,7 +730,12 @@ impl QueueStore for MemoryStore {
             .get(&target)
             .cloned()
             .or_else(|| state.as_ref().and_then(|t| t.auto_sale.clone()));
-        let sale = Sale::merged(old.as_ref(), patch, self.defaults, now.epoch_ms);
+        let seed = crate::draw::new_seed()
+            .map_err(|_| StoreError::Unavailable("no randomness for the draw's seed".into()))?;
+        let sale = match Sale::merged(old.as_ref(), patch, self.defaults, &seed, now.epoch_ms) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        };
         if let Some(t) = state {
             t.auto_sale = None;
             if old.is_some_and(|o| o.window_ms != sale.window_ms) {
@@ -635,7 +743,7 @@ impl QueueStore for MemoryStore {
             }
         }
         sales.insert(target, sale.clone());
-        Ok(sale)
+        Ok(Ok(sale))
     }
 
     async fn restore_sale(&self, target: QueueTarget, sale: &Sale) -> Result<Sale, StoreError> {

@@ -47,7 +47,7 @@ use super::{
     ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
-use crate::sale::{Sale, SaleDefaults, SalePatch};
+use crate::sale::{FieldError, Sale, SaleDefaults, SalePatch};
 
 /// How often one instance re-adds a target it serves to `queue:active` (the pump drops targets
 /// whose keys expired, so a live target must be re-registered now and then).
@@ -788,7 +788,7 @@ impl QueueStore for RedisStore {
         target: QueueTarget,
         patch: &SalePatch,
         now: Now,
-    ) -> Result<Sale, StoreError> {
+    ) -> Result<Result<Sale, FieldError>, StoreError> {
         let mut argv: Vec<Value> = vec!["merge".into(), now.epoch_ms.to_string().into()];
         for (field, value) in patch.fields() {
             argv.push(field.into());
@@ -801,9 +801,20 @@ impl QueueStore for RedisStore {
                 argv.push(value.into());
             }
         }
+        // The draw's seed, should this change set the first opening (the script keeps a stored
+        // one).
+        let seed = crate::draw::new_seed()
+            .map_err(|_| StoreError::Unavailable("no randomness for the draw's seed".into()))?;
+        for (field, value) in [
+            ("default:drawSeed", crate::draw::hex(&seed)),
+            ("default:drawCommitment", crate::draw::commitment(&seed)),
+        ] {
+            argv.push(field.into());
+            argv.push(value.into());
+        }
         let keys = vec![TargetKeys::new(target).of(Key::Sale)];
         let reply = self.eval(&self.scripts.sale_write, keys, argv).await?;
-        replies::sale(reply)?.ok_or_else(|| StoreError::Protocol("sale_write: no sale".into()))
+        replies::sale_written(reply)
     }
 
     async fn restore_sale(&self, target: QueueTarget, sale: &Sale) -> Result<Sale, StoreError> {
@@ -837,6 +848,62 @@ impl QueueStore for RedisStore {
             .map_err(store_err)?;
         self.registered.lock().remove(&target);
         Ok(as_u64(&existed, "exists")? > 0)
+    }
+
+    async fn draw_entrants(
+        &self,
+        target: QueueTarget,
+        now: Now,
+    ) -> Result<crate::store::DrawStep, StoreError> {
+        let k = TargetKeys::new(target);
+        let keys = vec![
+            k.of(Key::Waiting),
+            k.of(Key::Seq),
+            k.of(Key::Sale),
+            k.of(Key::Draw),
+        ];
+        let argv = vec!["prepare".into(), now.epoch_ms.to_string().into()];
+        replies::draw_step(self.eval(&self.scripts.draw, keys, argv).await?)
+    }
+
+    async fn apply_draw(
+        &self,
+        target: QueueTarget,
+        draw_seq: u64,
+        places: &[(u64, u64)],
+        now: Now,
+    ) -> Result<bool, StoreError> {
+        let k = TargetKeys::new(target);
+        let keys = vec![
+            k.of(Key::Waiting),
+            k.of(Key::Seq),
+            k.of(Key::Sale),
+            k.of(Key::Draw),
+        ];
+        let mut argv: Vec<Value> = vec![
+            "apply".into(),
+            now.epoch_ms.to_string().into(),
+            draw_seq.to_string().into(),
+        ];
+        for (user, seq) in places {
+            argv.push(user.to_string().into());
+            argv.push(seq.to_string().into());
+        }
+        let reply = self.eval(&self.scripts.draw, keys, argv).await?;
+        let items = reply_array(reply, "draw")?;
+        Ok(items.first().and_then(|v| v.as_string()).as_deref() == Some("APPLIED"))
+    }
+
+    async fn draw_order(&self, target: QueueTarget) -> Result<Vec<u64>, StoreError> {
+        let key = TargetKeys::new(target).of(Key::Draw);
+        let reply = self
+            .command("LRANGE", vec![key.into(), "0".into(), "-1".into()])
+            .await
+            .map_err(store_err)?;
+        reply_array(reply, "draw order")?
+            .iter()
+            .map(|v| as_u64(v, "draw order"))
+            .collect()
     }
 
     async fn register_sale(&self, target: QueueTarget, on: bool) -> Result<(), StoreError> {
