@@ -7,7 +7,8 @@
 -- same target within `min_interval` ms of the last one, timed by Redis' own clock (TIME), so a
 -- paused lock holder, a lost reply, a retried call or a second instance cannot double-advance.
 --
--- KEYS[1..7] as in enter.lua (waiting, queued, seq, admitted_count, seqtime, waits, advances)
+-- KEYS[1..7] as in enter.lua (waiting, queued, seq, admitted_count, seqtime, waits, advances:
+--            samples "ms:mark:live", newest first)
 -- KEYS[8]    queue:{T}:last_advance  STRING, Redis time (ms) of the last advance
 -- KEYS[9]    queue:{T}:sale          HASH: batchSize, tickMs, state (sale_write.lua), read here so
 --                                    that every replica's pump admits the sale's own budget
@@ -81,7 +82,11 @@ if lowest then
   end
 end
 redis.call('SET', KEYS[8], string.format('%d', now), 'PX', ttl)
-redis.call('LPUSH', KEYS[7], string.format('%d:%d', now, new_mark))
+-- A sample is "ms:mark:live": the mark, and the live users admitted since the sequence began
+-- (the mark also moves over users who left: the live count is what an ETA divides by).
+local prev = redis.call('LINDEX', KEYS[7], 0)
+local prev_live = prev and tonumber(string.match(prev, '^%d+:%d+:(%d+)$')) or 0
+redis.call('LPUSH', KEYS[7], string.format('%d:%d:%d', now, new_mark, prev_live + admitted))
 redis.call('LTRIM', KEYS[7], 0, tonumber(ARGV[3]) - 1)
 for i = 1, 7 do
   redis.call('PEXPIRE', KEYS[i], ttl)

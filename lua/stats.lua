@@ -10,7 +10,8 @@
 -- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:admitted_count, KEYS[3] queue:{T}:waits,
 -- KEYS[4] queue:{T}:advances, KEYS[5] queue:{T}:summary (HASH at, version, rate, avg, p95)
 -- ARGV[1] now (ms), ARGV[2] rate window (ms), ARGV[3] summary max age (ms), ARGV[4] key TTL (ms)
--- Reply: {waitingCount, admittedCount, "ratePerSec", "avgWaitSeconds", "p95WaitSeconds"}
+-- Reply: {waitingCount, admittedCount, "ratePerSec", "avgWaitSeconds", "p95WaitSeconds",
+--         "liveRatePerSec"} (the rate of live users admitted: what an ETA divides by)
 --
 -- allow-oom: the summary hash has a fixed size, so refreshing it under maxmemory is harmless.
 
@@ -24,25 +25,27 @@ local version = table.concat({
   redis.call('LINDEX', KEYS[3], 0) or '',
   redis.call('LINDEX', KEYS[4], 0) or '',
 }, '/')
-local s = redis.call('HMGET', KEYS[5], 'at', 'version', 'rate', 'avg', 'p95')
+local s = redis.call('HMGET', KEYS[5], 'at', 'version', 'rate', 'avg', 'p95', 'live')
 local at = tonumber(s[1])
-if at and s[2] == version and now >= at and now - at < max_age then
-  return {waiting, admitted, s[3], s[4], s[5]}
+if at and s[2] == version and now >= at and now - at < max_age and s[6] then
+  return {waiting, admitted, s[3], s[4], s[5], s[6]}
 end
 
--- Samples are "ms:count", newest first. The rate is the admitted_count slope over the window.
-local newest_t, newest_c, oldest_t, oldest_c
+-- Samples are "ms:mark:live", newest first. The rate is the admitted_count slope over the
+-- window; the live rate the slope of the live users admitted.
+local newest_t, newest_c, newest_l, oldest_t, oldest_c, oldest_l
 for _, sample in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
-  local t, c = string.match(sample, '^(%d+):(%d+)$')
-  t, c = tonumber(t), tonumber(c)
+  local t, c, l = string.match(sample, '^(%d+):(%d+):(%d+)$')
+  t, c, l = tonumber(t), tonumber(c), tonumber(l)
   if t and now - t <= window then
-    if not newest_t then newest_t, newest_c = t, c end
-    oldest_t, oldest_c = t, c
+    if not newest_t then newest_t, newest_c, newest_l = t, c, l end
+    oldest_t, oldest_c, oldest_l = t, c, l
   end
 end
-local rate = 0
+local rate, live = 0, 0
 if newest_t and oldest_t < newest_t then
   rate = (newest_c - oldest_c) * 1000 / (newest_t - oldest_t)
+  live = (newest_l - oldest_l) * 1000 / (newest_t - oldest_t)
 end
 
 local waits = redis.call('LRANGE', KEYS[3], 0, -1)
@@ -60,9 +63,11 @@ if n > 0 then
 end
 
 local r, a, p = string.format('%.3f', rate), string.format('%.3f', avg), string.format('%.3f', p95)
+local lr = string.format('%.3f', live)
 if waiting > 0 or admitted > 0 or n > 0 then
   -- Unknown targets leave no state behind.
-  redis.call('HSET', KEYS[5], 'at', now, 'version', version, 'rate', r, 'avg', a, 'p95', p)
+  redis.call('HSET', KEYS[5], 'at', now, 'version', version, 'rate', r, 'avg', a, 'p95', p,
+    'live', lr)
   redis.call('PEXPIRE', KEYS[5], ARGV[4])
 end
-return {waiting, admitted, r, a, p}
+return {waiting, admitted, r, a, p, lr}

@@ -506,7 +506,7 @@ pub struct SaleBook {
 }
 
 /// The parameters an answer about a sale uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SaleView {
     pub batch_size: u32,
     pub tick_ms: u64,
@@ -516,6 +516,9 @@ pub struct SaleView {
     pub prequeue_until_ms: u64,
     /// When the pre-queue opens (epoch ms; 0: none announced).
     pub prequeue_opens_at_ms: u64,
+    /// The live users admitted per second, as measured over the recent admissions (0: no
+    /// history); set by the caller from the queue's statistics.
+    pub measured_rate_per_sec: f64,
 }
 
 impl SaleBook {
@@ -568,6 +571,7 @@ impl SaleBook {
                 paused: s.state == SaleState::Paused,
                 prequeue_until_ms: if s.prequeue() { s.opens_at_ms } else { 0 },
                 prequeue_opens_at_ms: s.prequeue_opens_at_ms,
+                measured_rate_per_sec: 0.0,
             },
             None => SaleView {
                 batch_size: self.defaults.batch_size,
@@ -576,6 +580,7 @@ impl SaleBook {
                 paused: false,
                 prequeue_until_ms: 0,
                 prequeue_opens_at_ms: 0,
+                measured_rate_per_sec: 0.0,
             },
         }
     }

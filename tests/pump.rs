@@ -1,6 +1,6 @@
 //! The admission pump across processes (SPEC §5): three gateway processes on one Redis with short
 //! ticks. The advance script records every advance with Redis' own clock in
-//! `queue:{T}:advances` ("ms:mark"), which is what the bound is checked against.
+//! `queue:{T}:advances` ("ms:mark:live"), which is what the bound is checked against.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

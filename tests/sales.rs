@@ -909,3 +909,82 @@ fn every_entrant_has_the_same_chance_whenever_it_entered() {
         "draw uniformity: entered 10 min early and drawn first {early_first} of 2000 (memory); chi-square {total:.1} (9 df) over 300 draws of 4 on Redis: {counts:?}"
     );
 }
+
+/// The ETA of a sale with abandonment, measured by the simulator against two replicas on Redis:
+/// live users ahead over the measured admission rate of live users, never rising between one
+/// answer and the next, its error reported (median, p90) for the README.
+#[test]
+fn etas_follow_the_measured_rate_and_never_rise() {
+    let _serial = serial();
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let gws: Vec<GatewayProc> = (0..2)
+        .map(|_| {
+            let mut cfg = redis_config(up.addr, &redis);
+            cfg.queue.tick_ms = 250;
+            start(cfg)
+        })
+        .collect();
+    gws[0].wait_flag_known();
+    put_sale(
+        &gws[0],
+        json!({"batchSize": 15, "tickMs": 250, "heartbeatTimeoutS": 4}),
+    );
+    let out = TempDir::new("sim-eta");
+    let output = std::process::Command::new(bin())
+        .args([
+            "simulate",
+            "--url",
+            &format!("http://{}", gws[0].listen),
+            "--sale",
+            "limited-drop:42",
+            "--spike-rate",
+            "200",
+            "--spike-s",
+            "3",
+            "--tail-rate",
+            "10",
+            "--tail-s",
+            "3",
+            "--abandon",
+            "0.2",
+            "--leave",
+            "0.05",
+            "--cheat",
+            "0",
+            "--batch",
+            "15",
+            "--tick-ms",
+            "250",
+            "--heartbeat-timeout-s",
+            "4",
+            "--max-duration-s",
+            "40",
+            "--first-user",
+            "100000",
+            "--out",
+        ])
+        .arg(&out.0)
+        .output()
+        .unwrap();
+    let summary = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{summary}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(out.0.join("report.json")).unwrap()).unwrap();
+    let eta = &report["etaError"];
+    assert!(eta["count"].as_u64().unwrap() > 100, "{eta}");
+    assert_eq!(
+        report["etaRises"], 0,
+        "ETAs rose between answers: {summary}"
+    );
+    eprintln!(
+        "ETA with 20 % abandoning and 5 % leaving, 15 per 250 ms: median error {:.0} %, p90 {:.0} % over {} users; 0 rises",
+        eta["p50"].as_f64().unwrap() * 100.0,
+        eta["p90"].as_f64().unwrap() * 100.0,
+        eta["count"]
+    );
+}

@@ -169,7 +169,9 @@ fn waiting_status(sale: SaleView, seq: u64, ahead: u64, now: Now) -> EntryStatus
             poll_after_seconds: poll_after_seconds(0, tick, timeout),
         };
     }
-    let eta = eta_seconds(ahead, sale.batch_size, tick);
+    // Live users ahead at the rate live users are admitted (`position::per_tick`).
+    let per_tick = crate::queue::per_tick(sale.batch_size, tick, sale.measured_rate_per_sec);
+    let eta = crate::queue::eta_at_rate(ahead, per_tick, tick);
     EntryStatus::Waiting {
         seq,
         ahead,
@@ -202,7 +204,27 @@ async fn sale_of(state: &AppState, target: QueueTarget, now: Now) -> Option<crat
 /// yet.
 async fn sale_view(state: &AppState, target: QueueTarget, now: Now) -> SaleView {
     let sale = sale_of(state, target, now).await;
-    state.sales.view(sale.as_ref())
+    let mut view = state.sales.view(sale.as_ref());
+    view.measured_rate_per_sec = cached_stats(state, target)
+        .await
+        .map_or(0.0, |s| s.live_rate_per_sec);
+    view
+}
+
+/// The queue's statistics for an ETA, from a per-replica cache (`queue::stats_cache`: at most
+/// one store call per target and second per replica), without waiting for another caller's
+/// refresh.
+async fn cached_stats(state: &AppState, target: QueueTarget) -> Option<QueueStats> {
+    let cache = &state.rate_cache;
+    match cache.lookup(target, Instant::now()) {
+        Lookup::Answer(s) => Some(s),
+        Lookup::Busy => None,
+        Lookup::Refresh { stale } => {
+            let fetched = state.store.stats(target, now()).await.ok();
+            cache.finish(target, fetched, Instant::now());
+            fetched.or(stale)
+        }
+    }
 }
 
 /// `GET …/draw` (public): the draw's commitment and opening before it runs; after it, the

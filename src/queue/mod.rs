@@ -8,7 +8,7 @@ pub mod stats_cache;
 mod status;
 mod target;
 
-pub use position::{eta_seconds, poll_after_seconds, QueuePosition};
+pub use position::{eta_at_rate, eta_seconds, per_tick, poll_after_seconds, QueuePosition};
 pub use status::{iso8601_utc, EntryStatus, QueueEntryResponse, QueueStats, QueueStatsResponse};
 pub use target::{parse_positive_id, positive_id, QueueTarget, TargetType};
 

@@ -32,6 +32,33 @@ pub fn eta_seconds(ahead: u64, batch_size: u32, tick: Duration) -> u64 {
     ticks.saturating_mul(ms).div_ceil(1000)
 }
 
+/// The live users admitted per tick an ETA counts on: the measured rate (live users admitted per
+/// second over the recent admissions) when there is one and it is clearly below the budget (a
+/// pump that skipped ticks, a budget shared with replicas cut off), else the budget itself. A
+/// measured rate within 10 % of the budget is the budget (the ticks' own jitter), so the ETA of a
+/// user does not rise when the first measurements replace the budget.
+pub fn per_tick(batch_size: u32, tick: Duration, measured_per_sec: f64) -> f64 {
+    let budget = f64::from(batch_size.max(1));
+    let measured = measured_per_sec * super::millis(tick) as f64 / 1000.0;
+    if measured > 0.0 && measured < 0.9 * budget {
+        measured.max(1e-3)
+    } else {
+        budget
+    }
+}
+
+/// Estimated wait for a user with `ahead` live users in front, at `per_tick` live users a tick:
+/// the user's own tick is the one after the `ahead / per_tick` full ticks in front.
+pub fn eta_at_rate(ahead: u64, per_tick: f64, tick: Duration) -> u64 {
+    let ticks = (ahead as f64 / per_tick.max(1e-3)).floor() + 1.0;
+    let ms = ticks * super::millis(tick) as f64;
+    if ms >= u64::MAX as f64 {
+        u64::MAX
+    } else {
+        (ms as u64).div_ceil(1000)
+    }
+}
+
 /// When a waiting user should poll next (the `pollAfterSeconds` hint): half the ETA, so each poll
 /// halves the rest of the wait and the user learns of an admission about a tick late at most;
 /// never sooner than one tick (no admission can happen sooner) and never later than a third of
@@ -72,6 +99,24 @@ mod tests {
             eta_seconds(u64::MAX, 1, Duration::from_secs(3600)),
             u64::MAX / 1000 + 1
         );
+    }
+
+    #[test]
+    fn the_measured_rate_counts_only_when_clearly_below_the_budget() {
+        let tick = Duration::from_millis(2000);
+        assert_eq!(per_tick(100, tick, 0.0), 100.0, "no history: the budget");
+        assert_eq!(per_tick(100, tick, 47.0), 100.0, "94 %: tick jitter");
+        assert_eq!(per_tick(100, tick, 25.0), 50.0);
+        assert_eq!(eta_at_rate(99, 100.0, tick), 2);
+        assert_eq!(eta_at_rate(100, 100.0, tick), 4);
+        assert_eq!(eta_at_rate(100, 50.0, tick), 6);
+        for ahead in [0, 1, 99, 100, 250, 9_999] {
+            assert_eq!(
+                eta_at_rate(ahead, per_tick(100, tick, 0.0), tick),
+                eta_seconds(ahead, 100, tick),
+                "the budget's ETA is the plain one"
+            );
+        }
     }
 
     #[test]

@@ -146,6 +146,9 @@ pub struct QueueStats {
     pub admission_rate_per_sec: f64,
     pub avg_wait_seconds: f64,
     pub p95_wait_seconds: f64,
+    /// Live users admitted over the recent sample window, per second (the mark also moves over
+    /// users who left: this is what an ETA divides users ahead by).
+    pub live_rate_per_sec: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -267,6 +270,7 @@ mod tests {
             admission_rate_per_sec: 50.0,
             avg_wait_seconds: 1.23456,
             p95_wait_seconds: 2.0,
+            live_rate_per_sec: 40.0,
         }))
         .unwrap();
         assert_eq!(

@@ -195,6 +195,8 @@ pub struct Report {
     pub eta_error: Spread,
     /// Users shown an ETA who were still waiting when the run ended (not in `etaError`).
     pub eta_unfinished: u64,
+    /// Answers whose `etaSeconds` was larger than the same user's answer before (same position).
+    pub eta_rises: u64,
     pub fifo_inversions: u64,
     /// Absent when `/stats` gave no sample.
     pub slots_to_departed: Option<u64>,
@@ -398,6 +400,7 @@ impl Report {
             .iter()
             .filter(|t| t.first_eta.is_some() && t.admitted_ms.is_none() && t.gone_ms.is_none())
             .count() as u64;
+        let eta_rises = arrived.iter().map(|t| u64::from(t.eta_rises)).sum();
         // An abandoned user's slot: the mark reached its position after it stopped polling and
         // before the heartbeat timeout (counted from its last heartbeat) let the pump evict it.
         let heartbeat_ms = args.heartbeat_timeout_s.saturating_mul(1000);
@@ -453,6 +456,7 @@ impl Report {
             client_queue_ms: spread(requests().map(|r| r.queued_us as f64 / 1000.0).collect()),
             time_to_admission_s,
             eta_error,
+            eta_rises,
             eta_unfinished,
             fifo_inversions: fifo,
             slots_to_departed,
@@ -538,11 +542,12 @@ impl Report {
             )
         } else {
             format!(
-                "ETA error: median {:.0} %, p90 {:.0} % ({} users; {} shown an ETA still waiting)",
+                "ETA error: median {:.0} %, p90 {:.0} % ({} users; {} shown an ETA still waiting); {} answers showed a larger ETA than the one before",
                 e.p50 * 100.0,
                 e.p90 * 100.0,
                 e.count,
-                self.eta_unfinished
+                self.eta_unfinished,
+                self.eta_rises
             )
         });
         let slots = match self.slots_to_departed {

@@ -108,6 +108,10 @@ pub struct UserTrace {
     pub seq: Option<u64>,
     /// The first `etaSeconds` shown with a position, and when that answer came.
     pub first_eta: Option<(u64, u64)>,
+    /// The last `etaSeconds` shown for the current position, and how many answers showed a
+    /// larger one than the answer before them.
+    pub last_eta: Option<u64>,
+    pub eta_rises: u32,
     /// When the last poll answered `WAITING` for the current position was sent.
     pub last_waiting_sent_ms: Option<u64>,
     /// When the last request the queue counted as a heartbeat (an enter or poll answered with a
@@ -132,6 +136,15 @@ pub struct UserTrace {
 }
 
 impl UserTrace {
+    /// An answer showed `eta` for the current position: counted as a rise when it is larger
+    /// than the one before.
+    fn saw_eta(&mut self, eta: u64) {
+        if self.last_eta.is_some_and(|prev| eta > prev) {
+            self.eta_rises += 1;
+        }
+        self.last_eta = Some(eta);
+    }
+
     /// A user who has done nothing yet.
     pub fn new(plan: &Plan) -> UserTrace {
         UserTrace {
@@ -142,6 +155,8 @@ impl UserTrace {
             arrived_ms: plan.arrive.as_millis() as u64,
             seq: None,
             first_eta: None,
+            last_eta: None,
+            eta_rises: 0,
             last_waiting_sent_ms: None,
             last_heartbeat_ms: None,
             admitted_ms: None,
@@ -452,6 +467,7 @@ async fn play(
                         t.last_heartbeat_ms = Some(a.sent_ms);
                         if let Some(eta) = a.body["etaSeconds"].as_u64() {
                             t.first_eta.get_or_insert((eta, ctx.ms()));
+                            t.saw_eta(eta);
                         }
                         set_waiting(true);
                         step = Step::Poll { polls: 0 };
@@ -493,12 +509,16 @@ async fn play(
                     if a.position().is_some() {
                         t.last_waiting_sent_ms = Some(a.sent_ms);
                         t.last_heartbeat_ms = Some(a.sent_ms);
+                        if let Some(eta) = a.body["etaSeconds"].as_u64() {
+                            t.saw_eta(eta);
+                        }
                     }
                     ctx.next_poll(&a.body, &mut plan.rng)
                 } else if a.status == 404 {
                     // No longer in the queue: enter again, at the back, with a new position.
                     t.lost += 1;
                     t.seq = None;
+                    t.last_eta = None;
                     t.last_waiting_sent_ms = None;
                     step = Step::Enter;
                     Duration::ZERO

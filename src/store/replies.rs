@@ -207,6 +207,7 @@ pub fn stats(v: Value) -> Result<QueueStats, StoreError> {
         admission_rate_per_sec: as_f64(get(2)?, "rate")?,
         avg_wait_seconds: as_f64(get(3)?, "avgWait")?,
         p95_wait_seconds: as_f64(get(4)?, "p95Wait")?,
+        live_rate_per_sec: as_f64(get(5)?, "liveRate")?,
     })
 }
 

@@ -73,13 +73,14 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// `(Redis ms, mark)` of every admission step recorded in a target's `advances` list (newest
-/// first, as `LRANGE` gives it), oldest first.
+/// first, as `LRANGE` gives it; "ms:mark:live"), oldest first.
 pub fn parse_advances(list: &[Resp]) -> Vec<(u64, u64)> {
     let mut v: Vec<(u64, u64)> = list
         .iter()
         .map(|r| {
             let s = r.as_str().expect("an advance sample");
-            let (t, m) = s.split_once(':').expect("ms:mark");
+            let mut parts = s.split(':');
+            let (t, m) = (parts.next().expect("ms"), parts.next().expect("ms:mark"));
             (t.parse().expect("ms"), m.parse().expect("mark"))
         })
         .collect();

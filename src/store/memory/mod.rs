@@ -111,7 +111,7 @@ struct TargetState {
     tokens: HashMap<u64, (u64, String)>,
     waits_ms: VecDeque<u64>,
     /// (ms, admitted_count) samples, newest last.
-    advances: VecDeque<(u64, u64)>,
+    advances: VecDeque<(u64, u64, u64)>,
     last_write_ms: u64,
 }
 
@@ -428,16 +428,20 @@ impl QueueStore for MemoryStore {
 
     async fn stats(&self, target: QueueTarget, now: Now) -> Result<QueueStats, StoreError> {
         self.with_target(target, now, |t| {
-            let window: Vec<&(u64, u64)> = t
+            let window: Vec<&(u64, u64, u64)> = t
                 .advances
                 .iter()
-                .filter(|(ms, _)| now.epoch_ms.saturating_sub(*ms) <= RATE_WINDOW_MS)
+                .filter(|(ms, _, _)| now.epoch_ms.saturating_sub(*ms) <= RATE_WINDOW_MS)
                 .collect();
-            let rate = match (window.first(), window.last()) {
-                (Some((t0, c0)), Some((t1, c1))) if t1 > t0 => {
-                    c1.saturating_sub(*c0) as f64 * 1000.0 / (t1 - t0) as f64
+            let (rate, live_rate) = match (window.first(), window.last()) {
+                (Some((t0, c0, l0)), Some((t1, c1, l1))) if t1 > t0 => {
+                    let secs = (t1 - t0) as f64 / 1000.0;
+                    (
+                        c1.saturating_sub(*c0) as f64 / secs,
+                        l1.saturating_sub(*l0) as f64 / secs,
+                    )
                 }
-                _ => 0.0,
+                _ => (0.0, 0.0),
             };
             let mut waits: Vec<u64> = t.waits_ms.iter().copied().collect();
             waits.sort_unstable();
@@ -459,6 +463,7 @@ impl QueueStore for MemoryStore {
                 admission_rate_per_sec: three(rate),
                 avg_wait_seconds: three(avg),
                 p95_wait_seconds: three(p95),
+                live_rate_per_sec: three(live_rate),
             }
         })
     }
@@ -554,7 +559,8 @@ impl QueueStore for MemoryStore {
             t.admitted_count = new_mark;
             t.last_advance_ms = Some(now.epoch_ms);
             t.last_write_ms = now.epoch_ms;
-            t.advances.push_back((now.epoch_ms, new_mark));
+            let live = t.advances.back().map_or(0, |(_, _, l)| *l) + admitted.unsigned_abs();
+            t.advances.push_back((now.epoch_ms, new_mark, live));
             while t.advances.len() > ADVANCE_SAMPLES {
                 t.advances.pop_front();
             }
