@@ -4,9 +4,11 @@
 K=$2
 KEYS7="${K}waiting ${K}queued ${K}seq ${K}admitted_count ${K}seqtime ${K}waits ${K}advances"
 NOW=1800000000000
-ALIVE="${K}alive:$((NOW / 15000))"
+# enter: KEYS7 and the sale; ARGV now, key TTL, then the defaults of a sale the first call creates
+# (batchSize, tickMs, maxCapacity, heartbeatTimeoutS: 15 s heartbeat windows); poll: the sale's
+# default window width.
 case $1 in
-  enter) echo "8 $KEYS7 $ALIVE $NOW 10000000 1800000 210000 __rand_int__" ;;
-  poll)  echo "3 ${K}waiting ${K}admitted_count $ALIVE __rand_int__" ;;
+  enter) echo "8 $KEYS7 ${K}sale $NOW 1800000 100 2000 10000000 60 __rand_int__" ;;
+  poll)  echo "3 ${K}waiting ${K}admitted_count ${K}sale $NOW 15000 __rand_int__" ;;
   *) echo "unknown script $1" >&2; exit 64 ;;
 esac

@@ -28,10 +28,11 @@ args() {
   local k="queue:{LIMITED_DROP:$1}:" i
   case $SCRIPT in
     enter)
-      printf '%s' "8 ${k}waiting ${k}queued ${k}seq ${k}admitted_count ${k}seqtime ${k}waits ${k}advances ${k}alive:120000"
-      printf ' %s' 1800000000000 100000000 1800000 210000 ;;
+      printf '%s' "8 ${k}waiting ${k}queued ${k}seq ${k}admitted_count ${k}seqtime ${k}waits ${k}advances ${k}sale"
+      printf ' %s' 1800000000000 1800000 100 2000 100000000 60 ;;
     poll)
-      printf '%s' "3 ${k}waiting ${k}admitted_count ${k}alive:120000" ;;
+      printf '%s' "3 ${k}waiting ${k}admitted_count ${k}sale"
+      printf ' %s' 1800000000000 15000 ;;
     *) echo "unknown SCRIPT $SCRIPT" >&2; exit 64 ;;
   esac
   for i in $(seq "$USERS"); do printf ' %s' "__rand_int__"; done
