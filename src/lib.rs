@@ -7,15 +7,16 @@
 //! - `clock`    — the one clock: wall time for requests, `Clock` (real or virtual) for the pump.
 //! - `config`   — TOML file (`file.rs`, serde enums) → validated (`check.rs`) `Config`, one typed
 //!   part per subsystem (SPEC §8).
-//! - `cli`      — `serve`, `check-config`, `flag show|set`, `target`, `simulate`,
-//!   `record-backend`.
-//! - `ops`      — the `flag` commands: read and write `queue:flag` in Redis.
+//! - `cli`      — `serve`, `check-config`, `flag show|set`, `target`, `sale`, `draw verify`,
+//!   `simulate`, `record-backend`.
+//! - `ops`      — the `flag`, `target` and `sale` commands: read and write them in Redis.
 //! - `server`   — builds the Pingora server: ports, upstream, store, services and their order;
 //!   the shutdown signals (SIGTERM drains, then stops).
 //! - `gateway`  — the public listener (`ProxyHttp`): `route` (classification, `ApiOp`),
 //!   `hygiene` (header, method and upgrade spellings refused before routing), `api` (queue
 //!   handlers), `gate` (`decide`: the entry-token check), `limits` (connections at once,
-//!   first-byte deadline), `admin` (health, readiness, metrics).
+//!   first-byte deadline), `admin` (health, readiness, metrics), `sales` (the admin API of sales:
+//!   `/sales`, bearer token).
 //! - `routing`  — pure: `path` (strict canonicalisation) and `gated` (the purchase route table:
 //!   templates compiled from `gate.routes`, matching, look-alikes); shared by `gateway` and
 //!   `config`.
@@ -23,7 +24,9 @@
 //! - `identity` — who the user is: `X-User-Id` from a trusted load balancer, or a verified JWT.
 //! - `registry` — which targets may have a queue (`any` or `registered`).
 //! - `sale`     — a sale's parameters (the one source of truth is its hash in Redis, read by the
-//!   scripts): parsing, validation, merging. No I/O.
+//!   scripts): parsing, validation, merging, and each replica's book of what it last read. No I/O.
+//! - `draw`     — the pre-queue's draw at a sale's opening: seed, commitment, the reproducible
+//!   order (`vq-draw-v1`), the check of an export. No I/O.
 //! - `settings` — the run-time settings in Redis (flag, registered sales) as versioned documents:
 //!   adopted, or written back when Redis lost them. No I/O.
 //! - `queue`    — pure domain: targets, positions, ETA, response JSON, the per-replica stats cache.

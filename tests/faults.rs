@@ -383,9 +383,11 @@ fn stats_flood_leaves_enter_and_poll_alone() {
     );
     assert!(stats_answers > 1000, "the flood was not a flood");
     assert_eq!(degraded, 0, "a stats flood degraded the queue");
-    // One store call per second per replica (the per-replica cache), plus the first.
+    // One store call per second per replica (the per-replica cache), plus the first; as many
+    // again for the ETAs of the load's enter and poll answers (their own cache of the same
+    // figures), whatever the flood.
     assert!(
-        store_calls <= REPLICAS * (secs + 2),
+        store_calls <= 2 * REPLICAS * (secs + 2),
         "{store_calls} store calls for {stats_answers} stats answers"
     );
     // The flooding threads share the two cores with the load generator, whose users then fetch

@@ -988,3 +988,61 @@ fn etas_follow_the_measured_rate_and_never_rise() {
         eta["count"]
     );
 }
+
+/// Pre-queued users stay by polling: one silent past the sale's timeout before the opening is
+/// dropped and takes no part in the draw (the memory store in virtual time; the Redis scripts
+/// are the same steps, compared by `tests/differential.rs` and the draw test above).
+#[test]
+fn a_pre_queued_user_silent_past_the_timeout_misses_the_draw() {
+    use vq_gateway::queue::{QueueTarget, TargetType};
+    use vq_gateway::sale::SalePatch;
+    use vq_gateway::store::{DrawStep, MemoryStore, Now, PollOutcome, QueueStore, TokenCandidate};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = MemoryStore::new();
+        let t = QueueTarget::new(TargetType::TicketingEvent, 8);
+        let base = 1_900_000_000_000u64;
+        let at = |ms: u64| Now {
+            epoch_ms: base + ms,
+        };
+        let patch = SalePatch {
+            heartbeat_timeout_s: Some(2),
+            opens_at_ms: Some(base + 10_000),
+            prequeue_opens_at_ms: Some(base + 1_000),
+            ..SalePatch::default()
+        };
+        s.put_sale(t, &patch, at(0)).await.unwrap().unwrap();
+        assert_eq!(
+            s.enter(t, 1, at(500)).await.unwrap(),
+            vq_gateway::store::EnterOutcome::Early
+        );
+        for user in [1, 2, 3] {
+            s.enter(t, user, at(1_000)).await.unwrap();
+        }
+        let never = || -> TokenCandidate { unreachable!() };
+        // Users 1 and 2 poll every second; user 3 falls silent.
+        for sec in 2..=9u64 {
+            for user in [1, 2] {
+                let p = s.poll(t, user, at(sec * 1_000), &never).await.unwrap();
+                assert!(matches!(p, PollOutcome::Waiting { .. }), "{p:?}");
+            }
+            s.sweep(t, 0, 100, at(sec * 1_000)).await.unwrap();
+        }
+        let p = s.poll(t, 3, at(9_500), &never).await.unwrap();
+        assert_eq!(
+            p,
+            PollOutcome::NotInQueue,
+            "silent for 8.5 s with a 2 s timeout"
+        );
+        let DrawStep::Entrants { entrants, .. } = s.draw_entrants(t, at(10_000)).await.unwrap()
+        else {
+            panic!("no draw at the opening");
+        };
+        let mut users: Vec<u64> = entrants.iter().map(|(u, _)| *u).collect();
+        users.sort_unstable();
+        assert_eq!(users, vec![1, 2]);
+    });
+}
