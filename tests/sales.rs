@@ -66,6 +66,18 @@ fn enter(c: &mut Client, user: u64) -> Response {
     .unwrap()
 }
 
+/// An enter's status (`None`: the connection failed).
+fn enter_status(c: &mut Client, user: u64) -> Option<u16> {
+    c.request(
+        "POST",
+        &format!("{Q}/entries"),
+        &[("X-User-Id", &user.to_string())],
+        b"",
+    )
+    .ok()
+    .map(|r| r.status)
+}
+
 fn poll(c: &mut Client, user: u64) -> std::io::Result<Response> {
     c.get(
         &format!("{Q}/entries/me"),
@@ -73,17 +85,25 @@ fn poll(c: &mut Client, user: u64) -> std::io::Result<Response> {
     )
 }
 
-/// The admission steps Redis recorded for sale 42: (Redis ms, mark), oldest first.
+/// The admission steps Redis recorded for sale 42: (Redis ms, live users admitted so far),
+/// oldest first (the samples are "ms:mark:live", newest first).
 fn advances(redis: &RedisServer) -> Vec<(u64, u64)> {
-    parse_advances(
-        &redis
-            .cmd(&["LRANGE", &format!("{KEY}:advances"), "0", "-1"])
-            .as_vec(),
-    )
+    let list = redis
+        .cmd(&["LRANGE", &format!("{KEY}:advances"), "0", "-1"])
+        .as_vec();
+    let mut v: Vec<(u64, u64)> = list
+        .iter()
+        .map(|r| {
+            let s = r.as_str().unwrap();
+            let f: Vec<u64> = s.split(':').map(|x| x.parse().unwrap()).collect();
+            (f[0], f[2])
+        })
+        .collect();
+    v.reverse();
+    v
 }
 
-/// Users admitted by each step (the mark's moves: at most a batch of live users each, more seqs
-/// when users who left or were evicted sat between).
+/// Live users admitted by each step.
 fn steps(adv: &[(u64, u64)]) -> Vec<(u64, u64)> {
     adv.windows(2).map(|w| (w[1].0, w[1].1 - w[0].1)).collect()
 }
@@ -100,14 +120,14 @@ fn replicas_whose_files_differ_in_every_queue_key_apply_the_sale_s_own_parameter
     let redis = RedisServer::start();
     let up = Upstream::start();
     let files = [
-        // tick, batch, capacity, heartbeat, max evict, max active targets
-        (200, 1000, 5, 2, 1, 3),
-        (1000, 1, 100_000, 60, 1000, 1000),
-        (450, 40, 30, 20, 7, 50),
+        // tick, batch, capacity, heartbeat, max evict, max active targets, targets
+        (200, 1000, 5, 2, 1, 3, TargetsMode::Any),
+        (1000, 1, 100_000, 60, 1000, 1000, TargetsMode::Registered),
+        (450, 40, 30, 20, 7, 50, TargetsMode::Any),
     ];
     let gws: Vec<GatewayProc> = files
         .iter()
-        .map(|&(tick, batch, cap, hb, evict, active)| {
+        .map(|&(tick, batch, cap, hb, evict, active, targets)| {
             let mut cfg = redis_config(up.addr, &redis);
             cfg.queue.tick_ms = tick;
             cfg.queue.batch_size = batch;
@@ -115,6 +135,7 @@ fn replicas_whose_files_differ_in_every_queue_key_apply_the_sale_s_own_parameter
             cfg.queue.heartbeat_timeout_s = hb;
             cfg.queue.max_evict_per_tick = evict;
             cfg.queue.max_active_targets = active;
+            cfg.queue.targets = targets;
             start(cfg)
         })
         .collect();
@@ -140,7 +161,29 @@ fn replicas_whose_files_differ_in_every_queue_key_apply_the_sale_s_own_parameter
         assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     }
     let silent: Vec<u64> = (51..=60).collect();
+    // The registered replica reads the sale's registration within a second.
+    std::thread::sleep(Duration::from_millis(1500));
     let stop = Arc::new(AtomicBool::new(false));
+    // Load: fresh users entering through every replica as fast as they are answered (they
+    // never poll; the sale's capacity of 500 turns the rest away with 429).
+    let flood: Vec<_> = (0..3)
+        .map(|f| {
+            let (stop, publics) = (stop.clone(), publics.clone());
+            std::thread::spawn(move || {
+                let mut c = Client::connect(publics[f]);
+                let (mut user, mut answered) = (1_000_000 * (f as u64 + 1), 0u64);
+                while !stop.load(Ordering::Relaxed) {
+                    user += 1;
+                    match enter_status(&mut c, user) {
+                        Some(200 | 429) => answered += 1,
+                        Some(other) => panic!("enter answered {other}"),
+                        None => c = Client::connect(publics[f]),
+                    }
+                }
+                answered
+            })
+        })
+        .collect();
     let lost = Arc::new(AtomicU64::new(0));
     let admitted = Arc::new(AtomicU64::new(0));
     let pollers: Vec<_> = (0..5)
@@ -204,6 +247,8 @@ fn replicas_whose_files_differ_in_every_queue_key_apply_the_sale_s_own_parameter
     for p in pollers {
         p.join().unwrap();
     }
+    let flooded: u64 = flood.into_iter().map(|h| h.join().unwrap()).sum();
+    assert!(flooded > 1_000, "the load was light: {flooded} enters");
     assert_eq!(
         lost.load(Ordering::Relaxed),
         0,
@@ -230,7 +275,7 @@ fn replicas_whose_files_differ_in_every_queue_key_apply_the_sale_s_own_parameter
         );
     }
     eprintln!(
-        "files differing in every [queue] key: 0 of 50 polling users evicted, {} admitted; 10 silent users evicted within {:.1} s; {} steps of at most 3, spaced >= {} ms",
+        "files differing in every [queue] key, {flooded} enters of fresh users meanwhile: 0 of 50 polling users evicted, {} admitted; 10 silent users evicted within {:.1} s; {} steps of at most 3, spaced >= {} ms",
         admitted.load(Ordering::Relaxed),
         evicted_after.as_secs_f64(),
         st.len(),
