@@ -33,9 +33,6 @@ pub struct AppState {
     /// Which targets may have a queue (`queue.targets`).
     pub registry: crate::registry::Registry,
     pub stats_cache: crate::queue::stats_cache::StatsCache,
-    /// The same figures for the ETAs of enter and poll answers (kept apart, so that the public
-    /// stats answer keeps its own refresh and its own failure).
-    pub rate_cache: crate::queue::stats_cache::StatsCache,
     /// Each sale's parameters as this replica last read them (`sale.rs`).
     pub sales: crate::sale::SaleBook,
     /// Set on SIGTERM for `server.drain_ms`: every answer closes its connection and `/readyz`
@@ -91,7 +88,6 @@ impl AppState {
             identity,
             registry,
             stats_cache: Default::default(),
-            rate_cache: Default::default(),
             sales,
             draining: Default::default(),
         }

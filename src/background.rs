@@ -96,7 +96,7 @@ impl SettingsRefresher {
             };
             self.state
                 .sales
-                .set(target, read.clone(), crate::clock::now().epoch_ms);
+                .set(target, read.clone(), None, crate::clock::now().epoch_ms);
             let known = self.sales.lock().get(&target).cloned();
             let lost = match (&read, &known) {
                 (None, Some(k)) => Some(k.clone()),

@@ -7,6 +7,7 @@
 //! the CLI and the memory store.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use parking_lot::RwLock;
 
@@ -495,14 +496,33 @@ pub const BOOK_FRESH_MS: u64 = 1_000;
 /// The most sales a replica's book holds (clients choose target ids).
 const BOOK_MAX: usize = 16_384;
 
-/// What a replica last read of each sale (`None`: no sale yet), for what it answers without
-/// asking the store per request: the ETA and the poll hint, which must follow the sale's own
-/// budget, tick and heartbeat timeout, not this replica's file. Kept fresh by the pump's visits,
-/// the settings refresher and the admin API; read through (`QueueStore::sale`) on a miss.
+/// What a replica last read of each sale (`None`: no sale yet) and the live admission rate its
+/// queue measured, for what it answers without asking the store per request: the ETA and the
+/// poll hint, which must follow the sale's own budget, tick and heartbeat timeout, not this
+/// replica's file. Kept fresh by the settings refresher and the admin API, and read through by
+/// one request per sale and `BOOK_FRESH_MS` (the others answer from the last reading meanwhile).
 #[derive(Debug)]
 pub struct SaleBook {
     defaults: SaleDefaults,
-    entries: RwLock<HashMap<QueueTarget, (Option<Sale>, u64)>>,
+    entries: RwLock<HashMap<QueueTarget, BookEntry>>,
+}
+
+#[derive(Debug, Clone)]
+struct BookEntry {
+    sale: Option<Arc<Sale>>,
+    view: SaleView,
+    read_ms: u64,
+    /// When a request took on reading it again (0: none is).
+    refreshing_ms: u64,
+}
+
+/// What the book holds for a request.
+#[derive(Debug, Clone)]
+pub enum BookLookup {
+    /// Read within `BOOK_FRESH_MS`, or being read again by another request: answer from it.
+    Answer(SaleView),
+    /// This request reads the sale again (`last`: the reading before, if any).
+    Refresh { last: Option<SaleView> },
 }
 
 /// The parameters an answer about a sale uses.
@@ -533,31 +553,82 @@ impl SaleBook {
         self.defaults
     }
 
+    /// The view to answer with, or that this request should read the sale again (one request
+    /// per sale at a time; a read that never reported back is taken over after a second).
+    pub fn lookup(&self, target: QueueTarget, now_ms: u64) -> BookLookup {
+        {
+            let entries = self.entries.read();
+            if let Some(e) = entries.get(&target) {
+                let fresh = now_ms.saturating_sub(e.read_ms) < BOOK_FRESH_MS;
+                let taken =
+                    e.refreshing_ms > 0 && now_ms.saturating_sub(e.refreshing_ms) < BOOK_FRESH_MS;
+                if fresh || taken {
+                    return BookLookup::Answer(e.view);
+                }
+            }
+        }
+        let mut entries = self.entries.write();
+        match entries.get_mut(&target) {
+            Some(e) => {
+                if now_ms.saturating_sub(e.read_ms) < BOOK_FRESH_MS
+                    || (e.refreshing_ms > 0
+                        && now_ms.saturating_sub(e.refreshing_ms) < BOOK_FRESH_MS)
+                {
+                    return BookLookup::Answer(e.view);
+                }
+                e.refreshing_ms = now_ms.max(1);
+                BookLookup::Refresh { last: Some(e.view) }
+            }
+            None => BookLookup::Refresh { last: None },
+        }
+    }
+
     /// What was read of `target` within `BOOK_FRESH_MS` of `now_ms`, if anything.
-    pub fn fresh(&self, target: QueueTarget, now_ms: u64) -> Option<Option<Sale>> {
+    pub fn fresh(&self, target: QueueTarget, now_ms: u64) -> Option<Option<Arc<Sale>>> {
         let entries = self.entries.read();
-        let (sale, read_ms) = entries.get(&target)?;
-        (now_ms.saturating_sub(*read_ms) < BOOK_FRESH_MS).then(|| sale.clone())
+        let e = entries.get(&target)?;
+        (now_ms.saturating_sub(e.read_ms) < BOOK_FRESH_MS).then(|| e.sale.clone())
     }
 
     /// The last reading of `target`, however old.
-    pub fn last(&self, target: QueueTarget) -> Option<Sale> {
+    pub fn last(&self, target: QueueTarget) -> Option<Arc<Sale>> {
         self.entries
             .read()
             .get(&target)
-            .and_then(|(s, _)| s.clone())
+            .and_then(|e| e.sale.clone())
     }
 
-    /// Records a reading of `target` made at `now_ms`.
-    pub fn set(&self, target: QueueTarget, sale: Option<Sale>, now_ms: u64) {
+    /// Records a reading of `target` made at `now_ms`, with the live admission rate its queue
+    /// measured (`None`: not read now; the last measurement stays).
+    pub fn set(&self, target: QueueTarget, sale: Option<Sale>, rate: Option<f64>, now_ms: u64) {
         let mut entries = self.entries.write();
         if entries.len() >= BOOK_MAX && !entries.contains_key(&target) {
-            entries.retain(|_, (_, read)| now_ms.saturating_sub(*read) < BOOK_FRESH_MS);
+            entries.retain(|_, e| now_ms.saturating_sub(e.read_ms) < BOOK_FRESH_MS);
             if entries.len() >= BOOK_MAX {
                 return;
             }
         }
-        entries.insert(target, (sale, now_ms));
+        let old_rate = entries
+            .get(&target)
+            .map_or(0.0, |e| e.view.measured_rate_per_sec);
+        let mut view = self.view(sale.as_ref());
+        view.measured_rate_per_sec = rate.unwrap_or(old_rate);
+        entries.insert(
+            target,
+            BookEntry {
+                sale: sale.map(Arc::new),
+                view,
+                read_ms: now_ms,
+                refreshing_ms: 0,
+            },
+        );
+    }
+
+    /// A read through that failed: the next request tries again.
+    pub fn refresh_failed(&self, target: QueueTarget) {
+        if let Some(e) = self.entries.write().get_mut(&target) {
+            e.refreshing_ms = 0;
+        }
     }
 
     /// What an answer about `sale` uses: its own values, or this file's defaults for a sale not
@@ -702,23 +773,43 @@ mod tests {
     }
 
     #[test]
-    fn the_book_answers_fresh_readings_and_falls_back_to_the_defaults() {
+    fn the_book_answers_fresh_readings_and_lets_one_request_read_again() {
         let d = SaleDefaults::default();
         let book = SaleBook::new(d);
         let t = QueueTarget::new(crate::queue::TargetType::LimitedDrop, 1);
-        assert_eq!(book.fresh(t, 10), None);
+        assert!(matches!(
+            book.lookup(t, 10),
+            BookLookup::Refresh { last: None }
+        ));
         assert_eq!(book.view(None).batch_size, 100);
         let mut sale = d.sale(0);
         sale.batch_size = 7;
         sale.state = SaleState::Paused;
-        book.set(t, Some(sale.clone()), 1_000);
-        assert_eq!(book.fresh(t, 1_500), Some(Some(sale.clone())));
+        book.set(t, Some(sale.clone()), Some(12.5), 1_000);
+        let BookLookup::Answer(v) = book.lookup(t, 1_500) else {
+            panic!("fresh");
+        };
+        assert_eq!(
+            (v.batch_size, v.paused, v.measured_rate_per_sec),
+            (7, true, 12.5)
+        );
+        assert_eq!(book.fresh(t, 1_500).flatten().as_deref(), Some(&sale));
         assert_eq!(book.fresh(t, 2_000), None, "stale after BOOK_FRESH_MS");
-        assert_eq!(book.last(t), Some(sale.clone()));
-        let v = book.view(Some(&sale));
-        assert_eq!((v.batch_size, v.paused), (7, true));
-        book.set(t, None, 3_000);
-        assert_eq!(book.fresh(t, 3_001), Some(None));
+        // Stale: one request reads it again, the others answer from the last reading.
+        assert!(matches!(
+            book.lookup(t, 2_100),
+            BookLookup::Refresh { last: Some(_) }
+        ));
+        assert!(matches!(book.lookup(t, 2_200), BookLookup::Answer(_)));
+        book.refresh_failed(t);
+        assert!(matches!(book.lookup(t, 2_300), BookLookup::Refresh { .. }));
+        // A reading without a rate keeps the last measurement.
+        book.set(t, None, None, 3_000);
+        let BookLookup::Answer(v) = book.lookup(t, 3_001) else {
+            panic!("fresh");
+        };
+        assert_eq!((v.batch_size, v.measured_rate_per_sec), (100, 12.5));
+        assert_eq!(book.last(t), None);
     }
 
     #[test]

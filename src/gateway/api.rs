@@ -22,7 +22,7 @@ use crate::queue::{
     QueueStatsResponse, QueueTarget,
 };
 use crate::registry::Standing;
-use crate::sale::SaleView;
+use crate::sale::{BookLookup, SaleView};
 use crate::store::{EnterOutcome, Now, PollOutcome, QueueStore, StoreError, TokenCandidate};
 use crate::token::{mint, mint_ticket, verify_ticket, TicketClaims, TokenClaims};
 
@@ -184,46 +184,58 @@ fn waiting(sale: SaleView, seq: u64, ahead: u64, now: Now) -> Reply {
     entry(waiting_status(sale, seq, ahead, now))
 }
 
-/// The sale as this replica last read it (within a second), read again through the store when
-/// older; the last reading when the store cannot say (`None`: no sale, or never read).
-async fn sale_of(state: &AppState, target: QueueTarget, now: Now) -> Option<crate::sale::Sale> {
+/// Reads the sale and its queue's measured live admission rate again (one request per sale and
+/// second, `SaleBook::lookup`), and records them; the last reading when the store cannot say.
+async fn reread_sale(
+    state: &AppState,
+    target: QueueTarget,
+    now: Now,
+) -> Option<std::sync::Arc<crate::sale::Sale>> {
     let book = &state.sales;
-    if let Some(sale) = book.fresh(target, now.epoch_ms) {
-        return sale;
-    }
     match state.store.sale(target).await {
         Ok(sale) => {
-            book.set(target, sale.clone(), now.epoch_ms);
-            sale
+            let rate = state
+                .store
+                .stats(target, now)
+                .await
+                .ok()
+                .map(|s| s.live_rate_per_sec);
+            book.set(target, sale, rate, now.epoch_ms);
+            book.last(target)
         }
-        Err(_) => book.last(target),
+        Err(_) => {
+            book.refresh_failed(target);
+            book.last(target)
+        }
     }
 }
 
-/// The sale's parameters for an answer: its own, or this file's defaults for a sale not created
-/// yet.
+/// The sale's parameters for an answer (its own, or this file's defaults for a sale not created
+/// yet) with its queue's measured admission rate, as this replica read them at most a second
+/// ago.
 async fn sale_view(state: &AppState, target: QueueTarget, now: Now) -> SaleView {
-    let sale = sale_of(state, target, now).await;
-    let mut view = state.sales.view(sale.as_ref());
-    view.measured_rate_per_sec = cached_stats(state, target)
-        .await
-        .map_or(0.0, |s| s.live_rate_per_sec);
-    view
+    let book = &state.sales;
+    match book.lookup(target, now.epoch_ms) {
+        BookLookup::Answer(view) => view,
+        BookLookup::Refresh { last } => {
+            reread_sale(state, target, now).await;
+            match book.lookup(target, now.epoch_ms) {
+                BookLookup::Answer(view) => view,
+                BookLookup::Refresh { .. } => last.unwrap_or_else(|| book.view(None)),
+            }
+        }
+    }
 }
 
-/// The queue's statistics for an ETA, from a per-replica cache (`queue::stats_cache`: at most
-/// one store call per target and second per replica), without waiting for another caller's
-/// refresh.
-async fn cached_stats(state: &AppState, target: QueueTarget) -> Option<QueueStats> {
-    let cache = &state.rate_cache;
-    match cache.lookup(target, Instant::now()) {
-        Lookup::Answer(s) => Some(s),
-        Lookup::Busy => None,
-        Lookup::Refresh { stale } => {
-            let fetched = state.store.stats(target, now()).await.ok();
-            cache.finish(target, fetched, Instant::now());
-            fetched.or(stale)
-        }
+/// The whole sale (the draw's fields included), as read at most a second ago.
+async fn sale_of(
+    state: &AppState,
+    target: QueueTarget,
+    now: Now,
+) -> Option<std::sync::Arc<crate::sale::Sale>> {
+    match state.sales.fresh(target, now.epoch_ms) {
+        Some(sale) => sale,
+        None => reread_sale(state, target, now).await,
     }
 }
 

@@ -185,9 +185,12 @@ async fn put(state: &Arc<AppState>, target: QueueTarget, body: &[u8]) -> SalesAn
         return store_error(&e);
     }
     state.registry.insert(target);
-    state
-        .sales
-        .set(target, Some(sale.clone()), crate::clock::now().epoch_ms);
+    state.sales.set(
+        target,
+        Some(sale.clone()),
+        None,
+        crate::clock::now().epoch_ms,
+    );
     tracing::info!(%target, version = sale.version, "sale changed through the admin API");
     (200, Some(shown(state, target, &sale).await))
 }
@@ -198,7 +201,9 @@ async fn delete(state: &Arc<AppState>, target: QueueTarget) -> SalesAnswer {
         return store_error(&e);
     }
     state.registry.remove(target);
-    state.sales.set(target, None, crate::clock::now().epoch_ms);
+    state
+        .sales
+        .set(target, None, None, crate::clock::now().epoch_ms);
     match state.store.delete_sale(target).await {
         Ok(true) => {
             tracing::info!(%target, "sale deleted through the admin API");
