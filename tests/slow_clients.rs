@@ -99,8 +99,9 @@ async fn attacker(addr: SocketAddr, attack: Attack, stop: Arc<AtomicBool>, opene
 }
 
 /// Ordinary users: `users` threads, each making requests one after another on a new connection
-/// until `stop`; (answered 200 within 5 s, tried). A connection refused or reset is tried once
-/// more at once, as browsers do (the attempt still has to succeed within the 5 s).
+/// until `stop`; (answered 200 within 5 s, tried). A connection refused or reset is tried again,
+/// up to twice, 100 ms apart, as a browser or a person does (the request still has to succeed
+/// within the 5 s).
 fn ordinary_users(addr: SocketAddr, users: usize, stop: Arc<AtomicBool>) -> (u64, u64) {
     let handles: Vec<_> = (0..users)
         .map(|u| {
@@ -111,9 +112,14 @@ fn ordinary_users(addr: SocketAddr, users: usize, stop: Arc<AtomicBool>) -> (u64
                     tried += 1;
                     let started = Instant::now();
                     let path = format!("/page/{u}");
+                    let again = || {
+                        std::thread::sleep(Duration::from_millis(100));
+                        Client::connect(addr).get(&path, &[])
+                    };
                     let r = Client::connect(addr)
                         .get(&path, &[])
-                        .or_else(|_| Client::connect(addr).get(&path, &[]));
+                        .or_else(|_| again())
+                        .or_else(|_| again());
                     if r.is_ok_and(|r| r.status == 200)
                         && started.elapsed() < Duration::from_secs(5)
                     {
