@@ -279,6 +279,11 @@ fn waiting_with_ticket(
     ahead: u64,
     now: Now,
 ) -> Reply {
+    let status = waiting_status(sale, seq, ahead, now);
+    if let EntryStatus::Prequeued { .. } = status {
+        // No ticket in the pre-queue: its seq is the order of arrival, which the draw discards.
+        return entry(status);
+    }
     let ticket = mint_ticket(
         &state.keys,
         &TicketClaims {
@@ -290,11 +295,6 @@ fn waiting_with_ticket(
             expires_at: now.epoch_ms / 1000 + crate::store::TARGET_KEY_TTL_SECS,
         },
     );
-    let status = waiting_status(sale, seq, ahead, now);
-    if let EntryStatus::Prequeued { .. } = status {
-        // No ticket in the pre-queue: its seq is the order of arrival, which the draw discards.
-        return entry(status);
-    }
     let response = QueueEntryResponse::from(status).with_ticket(ticket);
     Reply::json(200, &response)
 }

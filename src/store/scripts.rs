@@ -224,6 +224,13 @@ impl TargetKeys {
         keys
     }
 
+    /// KEYS of draw.lua: waiting, seq, the sale, the draw's order.
+    pub fn draw_keys(&self) -> Vec<String> {
+        [Key::Waiting, Key::Seq, Key::Sale, Key::Draw]
+            .map(|k| self.of(k))
+            .to_vec()
+    }
+
     /// Every key of a target's queue but the users' tokens and claims (they expire on their
     /// own): what deleting a sale drops with it.
     pub fn queue_state_keys(&self) -> Vec<String> {

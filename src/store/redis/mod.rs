@@ -855,13 +855,7 @@ impl QueueStore for RedisStore {
         target: QueueTarget,
         now: Now,
     ) -> Result<crate::store::DrawStep, StoreError> {
-        let k = TargetKeys::new(target);
-        let keys = vec![
-            k.of(Key::Waiting),
-            k.of(Key::Seq),
-            k.of(Key::Sale),
-            k.of(Key::Draw),
-        ];
+        let keys = TargetKeys::new(target).draw_keys();
         let argv = vec!["prepare".into(), now.epoch_ms.to_string().into()];
         replies::draw_step(self.eval(&self.scripts.draw, keys, argv).await?)
     }
@@ -873,13 +867,7 @@ impl QueueStore for RedisStore {
         places: &[(u64, u64)],
         now: Now,
     ) -> Result<bool, StoreError> {
-        let k = TargetKeys::new(target);
-        let keys = vec![
-            k.of(Key::Waiting),
-            k.of(Key::Seq),
-            k.of(Key::Sale),
-            k.of(Key::Draw),
-        ];
+        let keys = TargetKeys::new(target).draw_keys();
         let mut argv: Vec<Value> = vec![
             "apply".into(),
             now.epoch_ms.to_string().into(),
