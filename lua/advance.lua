@@ -15,7 +15,10 @@
 -- ARGV[1] the part of the batch the caller may admit, in millionths (less than all of it while
 -- replicas that stopped registering may be pacing on their own), ARGV[2] key TTL (ms), ARGV[3]
 -- samples to keep, ARGV[4] and ARGV[5] the caller's default batchSize and tickMs (a sale that
--- does not exist: lost with Redis' data)
+-- does not exist: lost with Redis' data), ARGV[6] the slices (share.rs) that bound this step in
+-- its tick (now over the sale's tickMs): "" none, "=start:end" only what this slice admits (a
+-- pump whose registration failed), "-start:end,..." less what these admit (replicas that may
+-- be pacing on their own)
 -- Reply: {outcome, admitted_count, newly admitted live users, waiting count, ms until allowed,
 --         the sale's batchSize, the sale's tickMs}
 --   outcome: "ADVANCED" | "GUARDED" (too soon after the last advance: 0.95 of the sale's tick;
@@ -32,14 +35,45 @@ local share_ppm, ttl = tonumber(ARGV[1]), ARGV[2]
 local sale = redis.call('HMGET', KEYS[9], 'batchSize', 'tickMs', 'state', 'opensAt', 'drawnAt')
 local batch_size = tonumber(sale[1] or ARGV[4])
 local tick_ms = tonumber(sale[2] or ARGV[5])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local batch = math.floor(batch_size * share_ppm / 1000000)
+
+-- A slice's users in tick `tick` (share.rs: cells of a 64-tick frame, ticks bit-reversed).
+local UNIT, FRAME = 1000000, 64
+local function cells(s, e, tick)
+  if e <= s or batch_size <= 0 then return 0 end
+  local total = batch_size * FRAME
+  local lo = math.floor((s * total + UNIT - 1) / UNIT)
+  local hi = math.floor((e * total + UNIT - 1) / UNIT)
+  local x, r = tick % FRAME, 0
+  for _ = 1, 6 do
+    r = r * 2 + x % 2
+    x = math.floor(x / 2)
+  end
+  local function upto(v)
+    if v <= r then return 0 end
+    return math.floor((v - r - 1) / FRAME) + 1
+  end
+  return upto(hi) - upto(lo)
+end
+local part = ARGV[6] or ''
+if part ~= '' then
+  local tick = math.floor(now / tick_ms)
+  local sum = 0
+  for s, e in string.gmatch(string.sub(part, 2), '(%d+):(%d+)') do
+    sum = sum + cells(math.min(tonumber(s), UNIT), math.min(tonumber(e), UNIT), tick)
+  end
+  if string.sub(part, 1, 1) == '=' then
+    batch = math.min(batch, sum)
+  else
+    batch = math.max(0, batch - sum)
+  end
+end
 local min_interval = math.floor(tick_ms * 0.95)
 local function reply(outcome, mark, admitted, waiting, retry)
   return {outcome, mark, admitted, waiting, retry, batch_size, tick_ms}
 end
-
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local mark = tonumber(redis.call('GET', KEYS[4]) or '0')
 local waiting = redis.call('ZCARD', KEYS[1])

@@ -3,32 +3,33 @@
 //! single-use claims it takes meanwhile are `claims.rs`.)
 //!
 //! - `Pacer`: in `paced` mode (the default) a replica still enforces the admission budget by
-//!   itself: per target and tick it lets at most its *share* through directly. Each registration
-//!   asks the instance registry to record `⌊batch_size / replicas⌋` (`replicas`: the count the
-//!   registry gave the registration before, at least `min_replicas`), and the registry records no
-//!   more than the other members' shares leave of `batch_size` (`instances.lua`): the recorded
-//!   shares never add up to more than a batch. Each pump lowers its batch by the recorded shares
-//!   of the replicas that stopped registering (they may be cut off from Redis and pacing) for
-//!   `paced_for` after their last registration. A replica paces only while every pump is sure to
-//!   be doing that:
+//!   itself: per target and tick it lets through at most what its *slice* of the batch admits in
+//!   that tick (`share.rs`: disjoint slices never admit more than the batch together in any
+//!   tick, and a batch smaller than the replica count rotates between them). Each registration
+//!   asks the instance registry for the seat the registry last told it (`instances.lua`), and
+//!   the registry records the largest piece of it no other member holds: the recorded slices
+//!   never overlap. Each pump holds back what the slices of the replicas that stopped
+//!   registering admit (they may be cut off from Redis and pacing) for `paced_for` after their
+//!   last registration, unless the registry knows them gone (their presence connection closed:
+//!   the process died; or a newer instance with their replica name registered). A replica paces
+//!   only while every pump is sure to be doing that:
 //!   - not before `pace_after` (4 command timeouts + the registry's live window + a tick) has
 //!     passed since it last sent a registration (until then a pump may still count it live and
 //!     admit the whole batch); its pump sends none, and admits nobody, while its store is failing;
 //!   - not after `paced_for − 2 ticks` since the last registration Redis confirmed (from then on
 //!     the pumps forget it and admit the whole batch again); it then admits nobody until the
 //!     store answers;
-//!   - never before its first confirmed registration (nobody reserves anything for it), and never
-//!     in a tick in which the store still answered it;
-//!   - with the smallest share it may have recorded (a registration whose answer was lost may or
-//!     may not have landed).
+//!   - never before its first confirmed registration (nobody holds anything back for it), and
+//!     never in a tick in which the store still answered it;
+//!   - with what it held of the slice it last asked for, should that registration's answer be
+//!     lost (the registry then holds that part either way).
 //!
 //!   The pump (`pump.rs`) keeps its side: an advance is sent only within the tick of the
 //!   registry reading it relies on, and not in a tick in which its own replica paced; a pump
-//!   whose registration failed admits only its own recorded share.
+//!   whose registration failed admits only what its own recorded slice admits.
 //!
-//!   So a pump's batch plus the paced shares of the replicas it reserves for is at most
-//!   `batch_size` per tick, and in an outage of every replica at once the paced shares add up to
-//!   at most `batch_size`.
+//!   So in every tick a pump's batch plus what the slices it holds back admit is at most the
+//!   batch, and in an outage of every replica at once the paced slices admit at most the batch.
 //!
 //! No I/O: the caller passes the clock.
 
@@ -37,6 +38,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::queue::QueueTarget;
+use crate::share::Slice;
 
 /// `fail_open.mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -132,17 +134,21 @@ pub struct Pacer {
     registration: Mutex<Registration>,
     budgets: Mutex<Budgets>,
     /// Each sale's batch and tick (ms) as the pump's last admission step read them from the
-    /// sale's hash: a share is a part of this file's batch per this file's tick, applied to the
-    /// sale's own budget (`share_for`). Bounded like the budgets.
+    /// sale's hash: a slice admits its cells of the sale's own budget (`share_for`). Bounded
+    /// like the budgets.
     sales: Mutex<HashMap<QueueTarget, (u32, u64)>>,
 }
 
 /// This replica's standing in the instance registry, as far as it knows.
 #[derive(Debug, Default)]
 struct Registration {
-    /// The share the registry may hold for this replica: the one the last confirmed
-    /// registration recorded, lowered to that of any attempt since whose outcome is unknown.
-    share: u32,
+    /// The slice the registry holds for this replica whatever became of the attempts whose
+    /// answer was lost: the one the last confirmed registration recorded, cut to the slice each
+    /// attempt since asked for (an attempt records a piece of what it asked for that contains
+    /// what it held of it).
+    slice: Slice,
+    /// The seat the registry last told this replica to ask for.
+    desired: Slice,
     /// When the last registration Redis confirmed was sent (epoch ms).
     confirmed_ms: Option<u64>,
     /// When the last registration attempt was sent (epoch ms).
@@ -230,17 +236,16 @@ impl Pacer {
         sales.insert(target, (batch, tick_ms.max(1)));
     }
 
-    /// `share` (a part of this file's batch per this file's tick) of `target`'s own budget per
-    /// this file's tick: share × (the sale's batch per ms) / (this file's batch per ms), rounded
-    /// down, so the shares of every replica still add up to at most the sale's budget. A sale
-    /// the pump never read is paced by this file's batch.
-    fn share_for(&self, target: QueueTarget, share: u32) -> usize {
-        let Some((batch, tick_ms)) = self.sales.lock().get(&target).copied() else {
-            return share as usize;
+    /// What `slice` admits of `target` in tick `window` (this file's ticks): the sale's batch
+    /// per this file's tick, as the pump last read it (this file's batch for a sale it never
+    /// read). With the sale's tick equal to this file's (the usual case), this is exactly what
+    /// the pumps hold back for the slice (`advance.lua`).
+    fn share_for(&self, target: QueueTarget, slice: Slice, window: u64) -> usize {
+        let batch = match self.sales.lock().get(&target).copied() {
+            Some((batch, tick_ms)) => u64::from(batch) * self.cfg.tick_ms / tick_ms.max(1),
+            None => u64::from(self.cfg.batch),
         };
-        let num = u128::from(share) * u128::from(batch) * u128::from(self.cfg.tick_ms);
-        let den = u128::from(self.cfg.batch.max(1)) * u128::from(tick_ms);
-        usize::try_from(num / den).unwrap_or(usize::MAX)
+        usize::try_from(slice.cells(batch, window)).unwrap_or(usize::MAX)
     }
 
     pub fn config(&self) -> &PacerConfig {
@@ -252,38 +257,36 @@ impl Pacer {
         self.replicas.load(Ordering::Relaxed)
     }
 
-    /// The share this replica records at its next registration: `batch / replicas`, floored,
-    /// from the count it learned last (0 before it learned one).
-    pub fn share_to_record(&self) -> u32 {
-        match self.replicas() {
-            0 => 0,
-            n => self.cfg.batch / n.max(self.cfg.min_replicas),
-        }
+    /// The slice this replica asks for at its next registration: the seat the registry last
+    /// told it (nothing before it heard one).
+    pub fn slice_to_ask(&self) -> Slice {
+        self.registration.lock().desired
     }
 
-    /// A registration recording `share` is sent at `now_ms`.
-    pub fn registering(&self, share: u32, now_ms: u64) {
+    /// A registration asking for `asked` is sent at `now_ms`.
+    pub fn registering(&self, asked: Slice, now_ms: u64) {
         let mut r = self.registration.lock();
         r.attempted_ms = r.attempted_ms.max(now_ms);
-        r.share = r.share.min(share);
+        r.slice = r.slice.intersect(asked);
     }
 
-    /// The registration sent at `sent_ms` recorded `share` (what the registry answered it
-    /// recorded); the registry counted `replicas` live or recent instances.
-    pub fn registered(&self, share: u32, sent_ms: u64, replicas: u32) {
+    /// The registration sent at `sent_ms` recorded `recorded` and told this replica to ask for
+    /// `desired` next; the registry counted `replicas` live or recent instances.
+    pub fn registered(&self, recorded: Slice, desired: Slice, sent_ms: u64, replicas: u32) {
         let mut r = self.registration.lock();
-        r.share = share;
+        r.slice = recorded;
+        r.desired = desired;
         r.confirmed_ms = Some(r.confirmed_ms.unwrap_or(0).max(sent_ms));
         self.replicas.store(replicas, Ordering::Relaxed);
     }
 
-    /// The smallest share the registry may hold for this replica at `now_ms`: none once the
-    /// registry may have forgotten it (after `pace_until` past its last confirmed registration).
-    pub fn own_share(&self, now_ms: u64) -> u32 {
+    /// The slice the registry surely holds for this replica at `now_ms`: none once the registry
+    /// may have forgotten it (after `pace_until` past its last confirmed registration).
+    pub fn own_slice(&self, now_ms: u64) -> Slice {
         let r = self.registration.lock();
         match r.confirmed_ms {
-            Some(c) if now_ms < c.saturating_add(self.cfg.pace_until_ms()) => r.share,
-            _ => 0,
+            Some(c) if now_ms < c.saturating_add(self.cfg.pace_until_ms()) => r.slice,
+            _ => Slice::EMPTY,
         }
     }
 
@@ -292,13 +295,13 @@ impl Pacer {
         self.budgets.lock().window >= window
     }
 
-    /// The share this replica may pace with at `now_ms`, if it may pace at all.
-    pub fn paced_share(&self, now_ms: u64) -> Option<u32> {
+    /// The slice this replica may pace with at `now_ms`, if it may pace at all.
+    pub fn paced_slice(&self, now_ms: u64) -> Option<Slice> {
         let r = self.registration.lock();
         let confirmed = r.confirmed_ms?;
         let held_back = now_ms < r.attempted_ms.saturating_add(self.cfg.pace_after_ms());
         let forgotten = now_ms >= confirmed.saturating_add(self.cfg.pace_until_ms());
-        (!held_back && !forgotten).then_some(r.share)
+        (!held_back && !forgotten).then_some(r.slice)
     }
 
     /// Records the targets the pump found with a queue (they keep a budget whatever else fills
@@ -333,8 +336,10 @@ impl Pacer {
         let window = now_ms / self.cfg.tick_ms;
         // The store answered in this tick: the pump may have admitted its batch in it.
         let answered = last_ok_ms > 0 && window <= last_ok_ms / self.cfg.tick_ms;
-        let share = match self.paced_share(now_ms) {
-            Some(share) if share > 0 && !answered => Some(self.share_for(target, share)),
+        let share = match self.paced_slice(now_ms) {
+            Some(slice) if !slice.is_empty() && !answered => {
+                Some(self.share_for(target, slice, window))
+            }
             _ => None,
         };
         if share.is_none() && seq.is_none() {
@@ -468,49 +473,50 @@ mod tests {
         }
     }
 
-    /// A pacer that registered once at epoch ms 0 with `replicas` counted, and has been cut off
-    /// since; `PACING` is a moment inside its pacing window.
+    /// Seat 0 of `n` equal slices.
+    fn seat0(n: u32) -> Slice {
+        Slice::new(0, crate::share::UNIT / n)
+    }
+
+    /// A pacer that registered once at epoch ms 0 with `replicas` counted (holding seat 0 of
+    /// them), and has been cut off since; `PACING` is a moment inside its pacing window.
     fn cut_off(tick_ms: u64, batch: u32, replicas: u32) -> Pacer {
         let p = Pacer::new(config(tick_ms, batch, 1));
-        p.registering(0, 0);
-        p.registered(0, 0, replicas);
-        let share = p.share_to_record();
-        p.registering(share, 0);
-        p.registered(share, 0, replicas);
+        p.registering(Slice::EMPTY, 0);
+        p.registered(Slice::EMPTY, seat0(replicas), 0, replicas);
+        let asked = p.slice_to_ask();
+        p.registering(asked, 0);
+        p.registered(asked, asked, 0, replicas);
         p
     }
 
     const PACING: u64 = 50_000;
 
     #[test]
-    fn the_share_is_floored_and_assumes_at_least_min_replicas() {
+    fn the_slice_asked_for_is_the_seat_the_registry_told() {
         let p = Pacer::new(config(2000, 100, 1));
-        assert_eq!(p.share_to_record(), 0, "never learned: nothing");
-        p.registered(0, 0, 3);
-        assert_eq!(p.share_to_record(), 33);
-        p.registered(0, 0, 1000);
-        assert_eq!(p.share_to_record(), 0, "more replicas than the batch");
-        let floor = Pacer::new(config(2000, 100, 4));
-        floor.registered(0, 0, 1);
-        assert_eq!(floor.share_to_record(), 25);
+        assert_eq!(p.slice_to_ask(), Slice::EMPTY, "never told: nothing");
+        p.registered(Slice::EMPTY, seat0(3), 0, 3);
+        assert_eq!(p.slice_to_ask(), seat0(3));
     }
 
     #[test]
-    fn paces_only_inside_the_window_the_pumps_reserve_for() {
+    fn paces_only_inside_the_window_the_pumps_hold_back_for() {
         // Tick 1 s: live window 3 s, so pacing starts 4 × 150 + 3000 + 1000 ms after the last
-        // registration sent, and stops 2 s before the 120 s the pumps reserve for.
+        // registration sent, and stops 2 s before the 120 s the pumps hold back for.
+        let half = Slice::new(0, 500_000);
         let p = Pacer::new(config(1000, 10, 1));
-        assert_eq!(p.paced_share(10_000), None, "never registered");
-        p.registering(0, 1_000);
-        p.registered(0, 1_000, 2);
-        p.registering(5, 2_000);
-        p.registered(5, 2_000, 2);
+        assert_eq!(p.paced_slice(10_000), None, "never registered");
+        p.registering(Slice::EMPTY, 1_000);
+        p.registered(Slice::EMPTY, half, 1_000, 2);
+        p.registering(half, 2_000);
+        p.registered(half, half, 2_000, 2);
         assert_eq!(p.config().pace_after_ms(), 4_600);
-        assert_eq!(p.paced_share(6_599), None, "a pump may still count it live");
-        assert_eq!(p.paced_share(6_600), Some(5));
-        assert_eq!(p.paced_share(119_999), Some(5));
+        assert_eq!(p.paced_slice(6_599), None, "a pump may still count it live");
+        assert_eq!(p.paced_slice(6_600), Some(half));
+        assert_eq!(p.paced_slice(119_999), Some(half));
         assert_eq!(
-            p.paced_share(120_000),
+            p.paced_slice(120_000),
             None,
             "the pumps are about to forget it"
         );
@@ -519,28 +525,71 @@ mod tests {
             Pace::Held,
             "nobody after the window"
         );
-        // An attempt whose answer was lost may have landed: it holds pacing back again, and its
-        // smaller share is the one paced with.
-        p.registering(3, 60_000);
-        assert_eq!(p.paced_share(64_599), None);
-        assert_eq!(p.paced_share(64_600), Some(3));
-        assert_eq!(p.own_share(64_600), 3);
+        // An attempt whose answer was lost may have landed: it holds pacing back again, and
+        // what the replica held of the slice it asked for is what it paces with.
+        let moved = Slice::new(300_000, 800_000);
+        p.registering(moved, 60_000);
+        assert_eq!(p.paced_slice(64_599), None);
+        assert_eq!(p.paced_slice(64_600), Some(Slice::new(300_000, 500_000)));
+        assert_eq!(p.own_slice(64_600), Slice::new(300_000, 500_000));
         assert_eq!(
-            p.own_share(120_000),
-            0,
+            p.own_slice(120_000),
+            Slice::EMPTY,
             "the registry may have forgotten it"
         );
-        // A larger share than the one confirmed is never paced with before it is confirmed.
-        p.registering(8, 70_000);
-        assert_eq!(p.paced_share(80_000), Some(3));
-        p.registered(8, 70_000, 1);
-        assert_eq!(p.paced_share(80_000), Some(8));
+        // A slice is never paced with before it is confirmed.
+        p.registering(half, 70_000);
+        assert_eq!(p.paced_slice(80_000), Some(Slice::new(300_000, 500_000)));
+        p.registered(half, half, 70_000, 1);
+        assert_eq!(p.paced_slice(80_000), Some(half));
         assert_eq!(
-            p.paced_share(187_999),
-            Some(8),
+            p.paced_slice(187_999),
+            Some(half),
             "the window runs from the last confirmed registration"
         );
-        assert_eq!(p.paced_share(188_000), None);
+        assert_eq!(p.paced_slice(188_000), None);
+    }
+
+    /// Batch 2 and three replicas cut off at once: each admits in some ticks, and the three
+    /// together never more than 2 in a tick.
+    #[test]
+    fn a_batch_smaller_than_the_replica_count_rotates() {
+        let seat = |k: u32| {
+            Slice::new(
+                crate::share::UNIT / 3 * k,
+                if k == 2 {
+                    crate::share::UNIT
+                } else {
+                    crate::share::UNIT / 3 * (k + 1)
+                },
+            )
+        };
+        let pacers: Vec<Pacer> = (0..3)
+            .map(|k| {
+                let p = Pacer::new(config(1000, 2, 1));
+                p.registering(seat(k), 0);
+                p.registered(seat(k), seat(k), 0, 3);
+                p
+            })
+            .collect();
+        let mut each = [0usize; 3];
+        let mut user = 0u64;
+        for tick in 0..64u64 {
+            let now = PACING - PACING % 1000 + tick * 1000 + 1;
+            let mut in_tick = 0;
+            for (k, p) in pacers.iter().enumerate() {
+                for _ in 0..5 {
+                    user += 1;
+                    if p.try_admit(t(1), user, now, 0) == Pace::Admitted {
+                        each[k] += 1;
+                        in_tick += 1;
+                    }
+                }
+            }
+            assert!(in_tick <= 2, "tick {tick}: {in_tick}");
+        }
+        assert!(each.iter().all(|n| *n >= 40), "{each:?}");
+        assert_eq!(each.iter().sum::<usize>(), 128, "{each:?}");
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //!   `config`.
 //! - `headers`  — strict reading of single-valued request headers, used by every reader.
 //! - `identity` — who the user is: `X-User-Id` from a trusted load balancer, or a verified JWT.
+//! - `share`    — slices of a sale's batch: what a cut-off replica may pace, and the pumps hold back.
 //! - `registry` — which targets may have a queue (`any` or `registered`).
 //! - `sale`     — a sale's parameters (the one source of truth is its hash in Redis, read by the
 //!   scripts): parsing, validation, merging, and each replica's book of what it last read. No I/O.
@@ -84,6 +85,7 @@ pub mod routing;
 pub mod sale;
 pub mod server;
 pub mod settings;
+pub mod share;
 pub mod sim;
 pub mod store;
 pub mod token;

@@ -20,7 +20,8 @@ use crate::config::QueueConfig;
 use crate::failopen::Pacer;
 use crate::metrics::Metrics;
 use crate::queue::{millis, QueueTarget};
-use crate::store::{AdvanceOutcome, QueueStore, Registering, StoreGuard, WHOLE_BATCH_PPM};
+use crate::share::Slice;
+use crate::store::{AdvanceOutcome, Part, QueueStore, Registering, StoreGuard, WHOLE_BATCH_PPM};
 
 /// The shortest sleep between two passes of the pump, whatever a sale's tick says.
 const MIN_WAKE_MS: u64 = 10;
@@ -67,6 +68,8 @@ pub struct Pump {
     pacer: Arc<Pacer>,
     clock: Arc<dyn Clock>,
     instance: String,
+    /// The replica's stable name (`server.replica_name_env`; empty: none).
+    name: String,
     held: parking_lot::Mutex<BTreeSet<QueueTarget>>,
     /// Targets this instance found with an empty queue at its last visit: empty twice in a row,
     /// a target is retired from the active set (it stops counting against the cap).
@@ -80,11 +83,11 @@ pub struct Pump {
     ticks: parking_lot::Mutex<std::collections::HashMap<QueueTarget, (u64, u64)>>,
 }
 
-/// One registry reading: the batch an advance may admit, and when the registration that read it
-/// was sent (epoch ms).
-#[derive(Debug, Clone, Copy)]
+/// One registry reading: the part of the batch an advance may admit, and when the registration
+/// that read it was sent (epoch ms).
+#[derive(Debug, Clone)]
 struct Reading {
-    batch: u32,
+    part: Part,
     sent_ms: u64,
 }
 
@@ -110,11 +113,18 @@ impl Pump {
             pacer,
             clock,
             instance: instance_id(),
+            name: String::new(),
             held: Default::default(),
             empty: Default::default(),
             registry_credit_ms: Default::default(),
             ticks: Default::default(),
         }
+    }
+
+    /// The replica's stable name: registering with it retires a predecessor of that name.
+    pub fn with_name(mut self, name: &str) -> Pump {
+        self.name = name.to_string();
+        self
     }
 
     fn tick_ms(&self) -> u64 {
@@ -214,7 +224,7 @@ impl Pump {
                 }
             }
             report.visited += 1;
-            match self.visit(target, reading, &mut report).await {
+            match self.visit(target, &reading, &mut report).await {
                 Ok(true) => {
                     held.insert(target);
                 }
@@ -247,42 +257,78 @@ impl Pump {
         if self.store.degraded() {
             return None;
         }
-        let batch = self.cfg.batch_size.get();
-        let share = self.pacer.share_to_record();
+        let asked = self.pacer.slice_to_ask();
         let sent_ms = self.clock.now().epoch_ms;
-        self.pacer.registering(share, sent_ms);
+        self.pacer.registering(asked, sent_ms);
+        let presence = self
+            .store
+            .presence(
+                &self.instance,
+                Duration::from_millis(self.pacer.config().pace_until_ms()),
+            )
+            .await;
         let n = match self
             .store
-            .register_instance(self.registering(share, false))
+            .register_instance(self.registering(asked, presence, false))
             .await
         {
             Ok(n) => n,
-            // Who stopped registering is unknown: this instance's own recorded share (while the
-            // registry still holds it) is what the others' recorded shares, which never exceed
-            // the batch together, surely leave.
+            // Who stopped registering is unknown: what this instance's own recorded slice admits
+            // (while the registry still holds it) is what the others' slices, which never
+            // overlap it, surely leave.
             Err(_) => {
                 return Some(Reading {
-                    batch: self.pacer.own_share(sent_ms).min(batch),
+                    part: Part {
+                        only: Some(self.pacer.own_slice(sent_ms)),
+                        ..Part::whole()
+                    },
                     sent_ms,
                 })
             }
         };
+        if presence.is_some() {
+            self.store.presence_seen(n.presence_seen);
+        }
+        if n.retired {
+            tracing::error!(
+                instance = %self.instance,
+                name = %self.name,
+                "a newer instance registered with this replica's name: this one paces nobody from now on (two replicas with one server.replica_name?)"
+            );
+        }
+        if n.dead > 0 || n.retired_others > 0 {
+            tracing::info!(
+                dead = n.dead,
+                retired = n.retired_others,
+                "replicas gone from the registry: their part of the batch is no longer held back"
+            );
+        }
         // The pacer divides by every replica seen recently: one that died lately makes each
-        // share smaller (fewer admissions), never larger.
+        // slice smaller (fewer admissions), never larger.
         self.pacer
-            .registered(n.recorded, sent_ms, n.recent.max(n.live));
+            .registered(n.recorded, n.desired, sent_ms, n.recent.max(n.live));
         self.registry_credit_ms
             .store(n.credit_ms, std::sync::atomic::Ordering::Relaxed);
         self.metrics.replicas.set(i64::from(n.live));
-        // An instance of a version that records no share paces ⌈batch / replicas⌉.
-        let unrecorded = n.unrecorded.saturating_mul(batch.div_ceil(n.recent.max(1)));
+        // Gateways of older versions pace a share of this file's batch.
+        let batch = self.cfg.batch_size.get();
+        let legacy = n.held_back_legacy.min(batch);
         Some(Reading {
-            batch: batch.saturating_sub(n.reserved.saturating_add(unrecorded)),
+            part: Part {
+                ppm: self.share_ppm(batch - legacy),
+                held_back: n.held_back,
+                only: None,
+            },
             sent_ms,
         })
     }
 
-    fn registering(&self, share: u32, leave: bool) -> Registering<'_> {
+    fn registering(
+        &self,
+        asked: Slice,
+        presence: Option<crate::store::PresenceKind>,
+        leave: bool,
+    ) -> Registering<'_> {
         let c = self.pacer.config();
         let timeout = millis(self.cfg.heartbeat_timeout);
         Registering {
@@ -290,8 +336,11 @@ impl Pump {
                 .store
                 .outage_credit_ms(self.clock.now().epoch_ms, timeout),
             instance: &self.instance,
-            share,
+            name: &self.name,
+            asked,
             batch: self.cfg.batch_size.get(),
+            min_replicas: c.min_replicas,
+            presence,
             live_window: Duration::from_millis(c.live_window_ms()),
             recent_window: Duration::from_millis(c.paced_for_ms),
             leave,
@@ -301,14 +350,14 @@ impl Pump {
     /// What an advance sent now may admit by `reading`: nothing once the tick it was read in
     /// is over (a reading that counted a replica live must not meet that replica's paced
     /// admissions in a later tick), nor in a tick in which this replica itself let users through
-    /// while degraded (its share is not reserved now that it registers again).
-    fn batch_now(&self, reading: Reading) -> u32 {
+    /// while degraded (its slice is not held back now that it registers again).
+    fn part_now(&self, reading: &Reading) -> Part {
         let tick_ms = self.tick_ms();
         let now_ms = self.clock.now().epoch_ms;
         if !reading.same_tick(now_ms, tick_ms) || self.pacer.paced_in(now_ms / tick_ms) {
-            0
+            Part::ppm(0)
         } else {
-            reading.batch
+            reading.part.clone()
         }
     }
 
@@ -316,7 +365,7 @@ impl Pump {
     async fn visit(
         &self,
         target: QueueTarget,
-        reading: Reading,
+        reading: &Reading,
         report: &mut TickReport,
     ) -> Result<bool, crate::store::StoreError> {
         let store = &self.store;
@@ -332,14 +381,14 @@ impl Pump {
         // On the release list at once: a shutdown in the middle of this tick must give it back.
         self.held.lock().insert(target);
         let label = self.metrics.targets.label(target);
-        let share = self.share_ppm(self.batch_now(reading));
-        let mut adv = store.advance(target, share, self.clock.now()).await?;
+        let part = self.part_now(reading);
+        let mut adv = store.advance(target, &part, self.clock.now()).await?;
         self.learn(target, &adv);
         if adv.outcome == AdvanceOutcome::Prequeue && adv.retry_in_ms == 0 {
             // The opening is due: the draw gives the pre-queue its places, then the first
             // admissions follow in the same visit.
             self.draw(target).await?;
-            adv = store.advance(target, share, self.clock.now()).await?;
+            adv = store.advance(target, &part, self.clock.now()).await?;
             self.learn(target, &adv);
         }
         // This tick fired a little earlier after the last advance than the one before it (timer
@@ -349,8 +398,8 @@ impl Pump {
         if adv.outcome == AdvanceOutcome::Guarded && retry <= Duration::from_millis(adv.tick_ms) / 4
         {
             self.clock.sleep(retry + Duration::from_millis(1)).await;
-            let share = self.share_ppm(self.batch_now(reading));
-            adv = store.advance(target, share, self.clock.now()).await?;
+            let part = self.part_now(reading);
+            adv = store.advance(target, &part, self.clock.now()).await?;
             self.learn(target, &adv);
         }
         if adv.outcome == AdvanceOutcome::Advanced {
@@ -516,10 +565,11 @@ impl BackgroundService for Pump {
         // A clean shutdown leaves the registry, so the others do not count this one as cut off.
         // From now on nobody holds a share back for it: while the listener drains it paces no
         // more, should its store fail.
-        self.pacer.registering(0, self.clock.now().epoch_ms);
+        self.pacer
+            .registering(Slice::EMPTY, self.clock.now().epoch_ms);
         let _ = self
             .store
-            .register_instance(self.registering(0, true))
+            .register_instance(self.registering(Slice::EMPTY, None, true))
             .await;
         tracing::info!(instance = %self.instance, "admission pump stopped");
     }
@@ -651,7 +701,7 @@ mod tests {
                 r.pump.tick().await;
                 r.clock.advance(Duration::from_millis(1000));
             }
-            assert_eq!(r.pacer.own_share(r.clock.now().epoch_ms), 5);
+            assert_eq!(r.pacer.own_slice(r.clock.now().epoch_ms), Slice::WHOLE);
             r.guard.fail_request_for_test();
             // Past the pacing delay (4 × 150 ms + 3 s + 1 s), at the start of a tick.
             r.clock.advance(Duration::from_millis(5000));

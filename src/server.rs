@@ -234,7 +234,8 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
             state.metrics.clone(),
             state.pacer.clone(),
             Arc::new(crate::clock::SystemClock),
-        ),
+        )
+        .with_name(&state.config.server.replica_name),
     ));
 
     if let Some(store) = redis_store {

@@ -127,7 +127,10 @@ async fn apply(s: &dyn QueueStore, op: &Op, now: Now) -> String {
             format!("{:?}", s.leave(target(t), user).await.unwrap())
         }
         Op::Advance { target: t, batch } => {
-            let a = s.advance(target(t), batch, now).await.unwrap();
+            let a = s
+                .advance(target(t), &vq_gateway::store::Part::ppm(batch), now)
+                .await
+                .unwrap();
             format!(
                 "{:?} mark {} admitted {} waiting {}",
                 a.outcome, a.admitted_count, a.admitted_now, a.waiting

@@ -13,10 +13,11 @@ use common::{RedisCluster, RedisServer, Resp, SentinelSet};
 use vq_gateway::clock::now;
 use vq_gateway::queue::{QueueTarget, TargetType};
 use vq_gateway::sale::{Sale, SalePatch};
+use vq_gateway::share::Slice;
 use vq_gateway::store::liveness::Liveness;
 use vq_gateway::store::{
-    Advance, AdvanceOutcome, EnterOutcome, MemoryStore, Now, PollOutcome, QueueStore, RedisStore,
-    Registering, TokenCandidate, WHOLE_BATCH_PPM,
+    Advance, AdvanceOutcome, EnterOutcome, MemoryStore, Now, Part, PollOutcome, PresenceKind,
+    QueueStore, RedisStore, Registering, TokenCandidate,
 };
 
 const GUARD: Duration = Duration::from_millis(150);
@@ -69,7 +70,7 @@ async fn set_capacity(s: &dyn QueueStore, t: QueueTarget, max: u64) -> Sale {
 /// One admission step of the whole of a `batch` with the guard `GUARD`.
 async fn advance(s: &dyn QueueStore, t: QueueTarget, batch: u32) -> Advance {
     set_sale(s, t, batch, TICK_MS).await;
-    s.advance(t, WHOLE_BATCH_PPM, now()).await.unwrap()
+    s.advance(t, &Part::whole(), now()).await.unwrap()
 }
 
 async fn poll(s: &dyn QueueStore, t: QueueTarget, user: u64, token: &str) -> PollOutcome {
@@ -356,7 +357,7 @@ async fn advance_is_guarded_capped_and_monotonic(s: &dyn QueueStore) {
     assert_eq!((a.outcome, a.admitted_count), (AdvanceOutcome::Advanced, 2));
     // A guard far longer than any pause between the two calls.
     set_sale(s, t, 2, 63_158).await;
-    let g = s.advance(t, WHOLE_BATCH_PPM, now()).await.unwrap();
+    let g = s.advance(t, &Part::whole(), now()).await.unwrap();
     assert_eq!(
         (g.outcome, g.admitted_count),
         (AdvanceOutcome::Guarded, 2),
@@ -1200,11 +1201,14 @@ async fn enter_time_checkpoints_are_sparse_and_trimmed() {
     assert_eq!(waits.len(), 19);
 }
 
-fn registering(instance: &str, share: u32, leave: bool) -> Registering<'_> {
+fn registering(instance: &str, asked: Slice, leave: bool) -> Registering<'_> {
     Registering {
         instance,
-        share,
+        name: "",
+        asked,
         batch: 10,
+        min_replicas: 1,
+        presence: None,
         live_window: Duration::from_millis(300),
         recent_window: Duration::from_secs(3),
         leave,
@@ -1212,13 +1216,17 @@ fn registering(instance: &str, share: u32, leave: bool) -> Registering<'_> {
     }
 }
 
+const THIRD: u32 = 333_333;
+const TWO_THIRDS: u32 = 666_666;
+const HALF: u32 = 500_000;
+
 /// The heartbeat credit travels through the registry: every registration answers the largest
 /// credit a live instance reported, and an instance that leaves or reports none withdraws it.
 async fn the_registry_carries_the_largest_heartbeat_credit(s: &dyn QueueStore) {
     let reg = |i: &'static str, credit_ms: u64| async move {
         let r = Registering {
             credit_ms,
-            ..registering(i, 1, false)
+            ..registering(i, Slice::WHOLE, false)
         };
         s.register_instance(r).await.unwrap().credit_ms
     };
@@ -1230,87 +1238,250 @@ async fn the_registry_carries_the_largest_heartbeat_credit(s: &dyn QueueStore) {
         "b's shedding counts for a's sweep"
     );
     assert_eq!(reg("b", 0).await, 1_000);
-    s.register_instance(registering("a", 0, true))
+    s.register_instance(registering("a", Slice::EMPTY, true))
         .await
         .unwrap();
     assert_eq!(reg("b", 0).await, 0);
 }
 
-/// The instance registry (`instances.lua`): each instance's latest share is recorded once, the
-/// recorded shares never add up to more than the batch, and the shares of instances that stopped
-/// registering (recent, not live) are summed for the pump.
-async fn the_registry_reserves_the_shares_of_silent_instances(s: &dyn QueueStore) {
-    // (instance, share asked) -> (live, recent, reserved, recorded)
-    let reg = |i: &'static str, share: u32| async move {
+/// The instance registry (`instances.lua`): each instance asks for the seat the registry told
+/// it and is recorded with the largest piece of it no other member holds (containing what it
+/// held of it), so the recorded slices never overlap; the slices of instances that stopped
+/// registering (recent, not live) are held back by the pumps.
+async fn the_registry_records_disjoint_slices(s: &dyn QueueStore) {
+    // (instance, slice asked) -> (live, recent, held back, recorded, desired)
+    let reg = |i: &'static str, asked: Slice| async move {
         let n = s
-            .register_instance(registering(i, share, false))
+            .register_instance(registering(i, asked, false))
             .await
             .unwrap();
-        assert_eq!(n.unrecorded, 0);
-        (n.live, n.recent, n.reserved, n.recorded)
+        assert_eq!(n.held_back_legacy, 0);
+        (n.live, n.recent, n.held_back, n.recorded, n.desired)
     };
-    assert_eq!(reg("a", 5).await, (1, 1, 0, 5));
-    assert_eq!(reg("b", 5).await, (2, 2, 0, 5));
-    // The batch of 10 is taken: a newcomer records nothing until the others give some back.
-    assert_eq!(reg("c", 3).await, (3, 3, 0, 0));
-    assert_eq!(reg("a", 3).await, (3, 3, 0, 3));
-    assert_eq!(reg("c", 3).await, (3, 3, 0, 2));
-    assert_eq!(reg("b", 3).await, (3, 3, 0, 3));
-    assert_eq!(reg("c", 3).await, (3, 3, 0, 3));
-    // b and c go silent: a's pump reserves their shares.
+    let sl = Slice::new;
+    let none: Vec<Slice> = Vec::new();
+    assert_eq!(
+        reg("a", Slice::EMPTY).await,
+        (1, 1, none.clone(), Slice::EMPTY, Slice::WHOLE)
+    );
+    assert_eq!(
+        reg("a", Slice::WHOLE).await,
+        (1, 1, none.clone(), Slice::WHOLE, Slice::WHOLE)
+    );
+    // b's seat is the upper half, which a still holds.
+    assert_eq!(reg("b", Slice::EMPTY).await.4, sl(HALF, 1_000_000));
+    assert_eq!(reg("b", sl(HALF, 1_000_000)).await.3, Slice::EMPTY);
+    // a moves to its seat; then b gets its own.
+    assert_eq!(reg("a", Slice::WHOLE).await.4, sl(0, HALF));
+    assert_eq!(reg("a", sl(0, HALF)).await.3, sl(0, HALF));
+    assert_eq!(reg("b", sl(HALF, 1_000_000)).await.3, sl(HALF, 1_000_000));
+    // c joins: thirds.
+    assert_eq!(reg("c", Slice::EMPTY).await.4, sl(TWO_THIRDS, 1_000_000));
+    assert_eq!(reg("a", sl(0, HALF)).await.4, sl(0, THIRD));
+    assert_eq!(reg("a", sl(0, THIRD)).await.3, sl(0, THIRD));
+    // b asks for its new seat: it keeps what it held of it and grows into what a left.
+    assert_eq!(reg("b", sl(HALF, 1_000_000)).await.4, sl(THIRD, TWO_THIRDS));
+    assert_eq!(
+        reg("b", sl(THIRD, TWO_THIRDS)).await.3,
+        sl(THIRD, TWO_THIRDS)
+    );
+    assert_eq!(
+        reg("c", sl(TWO_THIRDS, 1_000_000)).await.3,
+        sl(TWO_THIRDS, 1_000_000)
+    );
+    // b and c go silent: their slices are held back.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(reg("a", 3).await, (1, 3, 6, 3));
+    let (live, recent, mut held, rec, _) = reg("a", sl(0, THIRD)).await;
+    held.sort_by_key(|s| s.start);
+    assert_eq!(
+        (live, recent, held, rec),
+        (
+            1,
+            3,
+            vec![sl(THIRD, TWO_THIRDS), sl(TWO_THIRDS, 1_000_000)],
+            sl(0, THIRD)
+        )
+    );
     // a may grow only into what b and c leave.
-    assert_eq!(reg("a", 7).await, (1, 3, 6, 4));
-    // c comes back asking for less; b leaves cleanly, and a may take what it held.
-    assert_eq!(reg("c", 1).await, (2, 3, 3, 1));
+    assert_eq!(reg("a", Slice::WHOLE).await.3, sl(0, THIRD));
+    // b leaves cleanly: a may take what it held.
     let left = s
-        .register_instance(registering("b", 0, true))
+        .register_instance(registering("b", Slice::EMPTY, true))
         .await
         .unwrap();
-    assert_eq!(left.recorded, 0);
-    assert_eq!(reg("a", 7).await, (2, 2, 0, 7));
+    assert_eq!(left.recorded, Slice::EMPTY);
+    let (_, recent, held, rec, _) = reg("a", sl(0, TWO_THIRDS)).await;
+    assert_eq!(
+        (recent, held, rec),
+        (2, vec![sl(TWO_THIRDS, 1_000_000)], sl(0, TWO_THIRDS))
+    );
     // A smaller request is recorded as asked (a replica that lost the answer paces with it).
-    assert_eq!(reg("a", 2).await, (2, 2, 0, 2));
+    assert_eq!(reg("a", sl(0, 100_000)).await.3, sl(0, 100_000));
 }
 
-/// A member without a share (written by a gateway that records none) counts as unrecorded once
-/// it goes silent, holds its ceil share of the batch meanwhile, and its own next registration
-/// replaces it.
+/// Members of older versions: one without a share ("old") holds its ceil share of the batch,
+/// one with a share of the file's batch ("legacy|2") holds that; both at the top of the unit,
+/// and both are held back once silent. Their own next registration replaces them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn registry_members_without_a_share() {
+async fn registry_members_of_older_versions() {
     let redis = RedisServer::start();
     let s = connected_redis(&redis).await;
     let t = redis.cmd(&["TIME"]).as_vec();
     let now_ms = t[0].as_str().unwrap().parse::<u64>().unwrap() * 1000;
     let old = (now_ms - 1000).to_string();
-    redis.cmd(&["ZADD", "queue:instances", &old, "old"]);
+    redis.cmd(&["ZADD", "queue:instances", &old, "old", &old, "legacy|2"]);
     let n = s
-        .register_instance(registering("a", 9, false))
+        .register_instance(registering("a", Slice::WHOLE, false))
         .await
         .unwrap();
-    // "old" holds ⌈10 / 2⌉ of the batch.
+    // "old" holds ⌈10 / 3⌉ = 4, "legacy" 2: 6 of 10 at the top of the unit.
     assert_eq!(
-        (n.live, n.recent, n.reserved, n.unrecorded, n.recorded),
-        (1, 2, 0, 1, 5)
+        (n.live, n.recent, n.held_back_legacy, n.recorded),
+        (1, 3, 6, Slice::new(0, 400_000))
     );
-    s.register_instance(registering("old", 2, false))
-        .await
-        .unwrap();
     let members = redis
         .cmd(&["ZRANGE", "queue:instances", "0", "-1"])
         .as_vec();
-    let mut names: Vec<String> = members.iter().map(|m| m.as_str().unwrap()).collect();
-    names.sort();
-    assert_eq!(names, ["a|5", "old|2"]);
+    let names: Vec<String> = members.iter().map(|m| m.as_str().unwrap()).collect();
+    assert!(
+        names.contains(&"a|0:400000|4".to_string()),
+        "the trailing number is the whole users per tick an older gateway reads: {names:?}"
+    );
+    s.register_instance(registering("old", Slice::EMPTY, false))
+        .await
+        .unwrap();
     assert!(redis.cmd(&["PTTL", "queue:instances"]).as_int() > 0);
+}
+
+/// A silent member whose presence subscription closed is dropped at once (dead), one whose
+/// subscription is still open is held back (maybe cut off), and a newer instance with a
+/// member's replica name retires it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_registry_drops_dead_and_retired_instances() {
+    use std::io::{Read, Write};
+    let redis = RedisServer::start();
+    let s = connected_redis(&redis).await;
+    let subscribe = |instance: &str| {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", redis.port)).unwrap();
+        let channel = vq_gateway::store::presence_channel(instance);
+        write!(c, "SUBSCRIBE {channel}\r\n").unwrap();
+        let mut buf = [0u8; 256];
+        let _ = c.read(&mut buf).unwrap();
+        c
+    };
+    let with_presence = |i: &'static str, asked: Slice| Registering {
+        presence: Some(PresenceKind::Classic),
+        ..registering(i, asked, false)
+    };
+    let sub_b = subscribe("b");
+    let _sub_c = subscribe("c");
+    for i in ["a", "b", "c"] {
+        let n = s
+            .register_instance(with_presence(i, Slice::EMPTY))
+            .await
+            .unwrap();
+        assert_eq!(n.presence_seen, i != "a", "{i}: only b and c subscribed");
+    }
+    for i in ["a", "b", "c"] {
+        let n = s
+            .register_instance(with_presence(i, Slice::EMPTY))
+            .await
+            .unwrap();
+        s.register_instance(with_presence(i, n.desired))
+            .await
+            .unwrap();
+    }
+    // b's process dies (its connections close); c is cut off (they stay open).
+    drop(sub_b);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let n = s
+        .register_instance(with_presence("a", Slice::EMPTY))
+        .await
+        .unwrap();
+    assert_eq!((n.dead, n.recent), (1, 2), "{n:?}");
+    assert_eq!(
+        n.held_back,
+        vec![Slice::new(TWO_THIRDS, 1_000_000)],
+        "c may be pacing"
+    );
+    // A registration without presence is never dropped as dead.
+    s.register_instance(registering("d", Slice::EMPTY, false))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let n = s
+        .register_instance(with_presence("a", Slice::EMPTY))
+        .await
+        .unwrap();
+    assert_eq!((n.dead, n.recent), (0, 3), "{n:?}");
+
+    // Names: "r-1" restarts as a new instance id; the new one retires the old at once.
+    let named = |i: &'static str| Registering {
+        name: "r-1",
+        ..registering(i, Slice::WHOLE, false)
+    };
+    s.register_instance(named("old-r1")).await.unwrap();
+    let n = s.register_instance(named("new-r1")).await.unwrap();
+    assert_eq!(n.retired_others, 1, "{n:?}");
+    let n = s.register_instance(named("old-r1")).await.unwrap();
+    assert!(n.retired, "the old instance learns it was retired");
+    assert_eq!(n.recorded, Slice::EMPTY, "and is never recorded again");
+    let n = s.register_instance(named("new-r1")).await.unwrap();
+    assert_eq!(n.retired_others, 0, "{n:?}");
+}
+
+/// `advance.lua` admits what `Part::users` says (the cells of `share.rs`), with slices held
+/// back and with an only slice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advance_admits_the_cells_of_its_part() {
+    let redis = RedisServer::start();
+    let s = connected_redis(&redis).await;
+    let parts = [
+        Part {
+            held_back: vec![Slice::new(0, THIRD), Slice::new(TWO_THIRDS, 1_000_000)],
+            ..Part::whole()
+        },
+        Part {
+            only: Some(Slice::new(THIRD, TWO_THIRDS)),
+            ..Part::whole()
+        },
+        Part {
+            held_back: vec![Slice::new(100_000, 900_000)],
+            ..Part::ppm(HALF)
+        },
+    ];
+    let mut id = 500;
+    let mut checked = 0;
+    while checked < 24 {
+        id += 1;
+        let t = target(id);
+        set_sale(s.as_ref(), t, 37, TICK_MS).await;
+        for u in 1..=50 {
+            enter(s.as_ref(), t, u).await;
+        }
+        let part = &parts[checked % parts.len()];
+        let tick_of = || {
+            let time = redis.cmd(&["TIME"]).as_vec();
+            let ms = time[0].as_str().unwrap().parse::<u64>().unwrap() * 1000
+                + time[1].as_str().unwrap().parse::<u64>().unwrap() / 1000;
+            ms / TICK_MS
+        };
+        let before = tick_of();
+        let a = s.advance(t, part, now()).await.unwrap();
+        if tick_of() != before {
+            continue;
+        }
+        let want = part.users(a.batch_size, before);
+        assert_eq!(a.admitted_now, u64::from(want), "{part:?} tick {before}");
+        checked += 1;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_registry_on_redis() {
     let redis = RedisServer::start();
     let s = connected_redis(&redis).await;
-    the_registry_reserves_the_shares_of_silent_instances(s.as_ref()).await;
+    the_registry_records_disjoint_slices(s.as_ref()).await;
     let fresh = RedisServer::start();
     let s = connected_redis(&fresh).await;
     the_registry_carries_the_largest_heartbeat_credit(s.as_ref()).await;
@@ -1321,14 +1492,14 @@ async fn the_registry_on_redis() {
 async fn the_registry_on_a_cluster() {
     let cluster = RedisCluster::start();
     let s = connected_cluster(&cluster).await;
-    the_registry_reserves_the_shares_of_silent_instances(s.as_ref()).await;
-    s.register_instance(registering("a", 0, true))
+    the_registry_records_disjoint_slices(s.as_ref()).await;
+    s.register_instance(registering("a", Slice::EMPTY, true))
         .await
         .unwrap();
-    s.register_instance(registering("b", 0, true))
+    s.register_instance(registering("b", Slice::EMPTY, true))
         .await
         .unwrap();
-    s.register_instance(registering("c", 0, true))
+    s.register_instance(registering("c", Slice::EMPTY, true))
         .await
         .unwrap();
     the_registry_carries_the_largest_heartbeat_credit(s.as_ref()).await;

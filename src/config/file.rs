@@ -123,6 +123,11 @@ pub struct ServerSection {
     /// The environment variable holding the bearer token that admin writes (`PUT`/`DELETE
     /// /sales/…`) must carry; empty: admin writes are refused.
     pub admin_token_env: String,
+    /// The environment variable holding this replica's stable name (letters, digits, `.`, `_`,
+    /// `-`; at most 64), unique among the replicas and kept across restarts (a pod or container
+    /// name): a replica that starts with a name retires its predecessor of that name from the
+    /// instance registry at once. Empty: no name.
+    pub replica_name_env: String,
     /// Worker threads of the proxy service.
     pub threads: usize,
     /// Idle keep-alive of downstream connections, seconds.
@@ -155,6 +160,7 @@ impl Default for ServerSection {
             listen: "127.0.0.1:8080".into(),
             admin_listen: "127.0.0.1:9090".into(),
             admin_token_env: String::new(),
+            replica_name_env: String::new(),
             threads: 2,
             keepalive_idle_s: 60,
             grace_period_s: 5,

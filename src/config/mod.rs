@@ -59,6 +59,8 @@ pub struct ServerConfig {
     /// `server.admin_token_env`: the variable holding the admin writes' bearer token (`None`:
     /// admin writes are refused).
     pub admin_token_env: Option<String>,
+    /// This replica's stable name, read from `server.replica_name_env` at start (empty: none).
+    pub replica_name: String,
     pub threads: usize,
     pub keepalive_idle: Duration,
     pub grace_period: Duration,

@@ -29,7 +29,8 @@ use tokio::sync::Semaphore;
 
 use super::breaker::{Admit, Breaker, BreakerConfig, Verdict};
 use super::{
-    Advance, EnterOutcome, Instances, Mint, Now, PollOutcome, QueueStore, Registering, StoreError,
+    Advance, EnterOutcome, Instances, Mint, Now, Part, PollOutcome, PresenceKind, QueueStore,
+    Registering, StoreError,
 };
 use crate::metrics::Metrics;
 use crate::queue::{QueueStats, QueueTarget};
@@ -441,10 +442,10 @@ impl QueueStore for StoreGuard {
     async fn advance(
         &self,
         target: QueueTarget,
-        share_ppm: u32,
+        part: &Part,
         now: Now,
     ) -> Result<Advance, StoreError> {
-        let fut = self.inner.advance(target, share_ppm, now);
+        let fut = self.inner.advance(target, part, now);
         self.run(Class::Background, "pump", fut).await
     }
 
@@ -539,6 +540,14 @@ impl QueueStore for StoreGuard {
     ) -> Result<Option<String>, StoreError> {
         let fut = self.inner.stored_token(target, user, now);
         self.run(Class::Gate, "stored_token", fut).await
+    }
+
+    async fn presence(&self, instance: &str, window: Duration) -> Option<PresenceKind> {
+        self.inner.presence(instance, window).await
+    }
+
+    fn presence_seen(&self, seen: bool) {
+        self.inner.presence_seen(seen);
     }
 
     async fn register_instance(&self, r: Registering<'_>) -> Result<Instances, StoreError> {

@@ -18,12 +18,13 @@ use async_trait::async_trait;
 
 use crate::queue::{QueueStats, QueueTarget};
 use crate::sale::{FieldError, Sale, SalePatch};
+use crate::share::Slice;
 
 pub use guard::{GuardConfig, StoreGuard};
 pub use memory::MemoryStore;
 pub use redis::url::{Deployment, RedisUrl};
 pub use redis::RedisStore;
-pub use scripts::REGISTERED_KEY;
+pub use scripts::{presence_channel, REGISTERED_KEY};
 
 /// How long the per-target keys live after their last write (SPEC §4: idle targets vanish).
 pub const TARGET_KEY_TTL_SECS: u64 = 30 * 60;
@@ -121,11 +122,19 @@ pub enum PollOutcome {
 pub struct Registering<'a> {
     /// This instance's id (never contains `|`).
     pub instance: &'a str,
-    /// The paced share this instance asks to record: what it would admit per tick if cut off
-    /// from the store.
-    pub share: u32,
-    /// The batch size: the recorded shares never add up to more.
+    /// The replica's stable name (`server.replica_name`; empty: none): a newer instance with the
+    /// same name retires this one from the registry.
+    pub name: &'a str,
+    /// The slice of the batch this instance asks to record: what it would admit per tick if cut
+    /// off from the store (`share.rs`).
+    pub asked: Slice,
+    /// This file's batch size (for the gateways of older versions, which record shares of it).
     pub batch: u32,
+    /// `fail_open.min_replicas`: the slices are never wider than a batch over this many.
+    pub min_replicas: u32,
+    /// This instance's presence subscription, if it keeps one the registry may trust
+    /// (`presence.rs`).
+    pub presence: Option<PresenceKind>,
     /// An instance that registered within this window counts as live.
     pub live_window: std::time::Duration,
     /// How long an instance that stopped registering stays in the registry.
@@ -138,24 +147,50 @@ pub struct Registering<'a> {
 }
 
 /// The instance registry's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Instances {
     /// Instances that registered within the live window: the replica count.
     pub live: u32,
     /// Instances that registered within the recent window (live ones included).
     pub recent: u32,
-    /// The shares recorded by the instances that are recent but not live (they stopped
-    /// registering without a clean shutdown and may be pacing on their own).
-    pub reserved: u32,
-    /// How many of those recorded no share (a gateway version that records none).
-    pub unrecorded: u32,
-    /// The share recorded for this instance: what it asked for, or less if the others' shares
-    /// leave less of the batch (never less than the smaller of what it asked for and what it
-    /// held before). 0 when leaving.
-    pub recorded: u32,
+    /// The slices recorded by the instances that are recent but not live (they stopped
+    /// registering and may be pacing on their own), known dead or retired ones left out.
+    pub held_back: Vec<Slice>,
+    /// Users per tick of this file's batch the instances of older versions among those may pace.
+    pub held_back_legacy: u32,
+    /// The slice recorded for this instance: the largest piece of what it asked for that no
+    /// other member holds, containing what it held of it. Empty when leaving.
+    pub recorded: Slice,
+    /// The slice this instance should ask for next (its seat among the members).
+    pub desired: Slice,
     /// The largest credit the live instances reported: no pump evicts for time in which some
     /// replica could not take its users' heartbeats.
     pub credit_ms: u64,
+    /// A newer instance with this replica's name retired this one: it is not recorded.
+    pub retired: bool,
+    /// The registry saw this instance's presence subscription.
+    pub presence_seen: bool,
+    /// Members this registration dropped as dead (their presence subscription closed).
+    pub dead: u32,
+    /// Members this registration dropped as retired (a newer instance with their name).
+    pub retired_others: u32,
+}
+
+/// How an instance's presence subscription is kept: a classic channel, or a sharded one (in a
+/// cluster, on the node that holds the registry's slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PresenceKind {
+    Classic,
+    Shard,
+}
+
+impl PresenceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PresenceKind::Classic => "classic",
+            PresenceKind::Shard => "shard",
+        }
+    }
 }
 
 /// What one `advance` call did.
@@ -205,7 +240,62 @@ pub enum DrawStep {
 }
 
 /// The whole batch, in the millionths `QueueStore::advance` takes.
-pub const WHOLE_BATCH_PPM: u32 = 1_000_000;
+pub const WHOLE_BATCH_PPM: u32 = crate::share::UNIT;
+
+/// The part of a sale's batch one admission step may admit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// At most this many millionths of the batch (rounded down).
+    pub ppm: u32,
+    /// What the slices of the replicas that may be pacing on their own admit in the step's tick
+    /// is held back (`share.rs`).
+    pub held_back: Vec<Slice>,
+    /// Only what this slice admits in the step's tick (a pump whose registration failed admits
+    /// its own recorded slice: the others' never overlap it).
+    pub only: Option<Slice>,
+}
+
+impl Part {
+    /// All of the batch.
+    pub fn whole() -> Part {
+        Part::ppm(WHOLE_BATCH_PPM)
+    }
+
+    /// `ppm` millionths of the batch.
+    pub fn ppm(ppm: u32) -> Part {
+        Part {
+            ppm,
+            held_back: Vec::new(),
+            only: None,
+        }
+    }
+
+    /// The users this part admits of a sale whose batch is `batch`, in tick `tick` (since the
+    /// epoch, in the sale's ticks).
+    pub fn users(&self, batch: u32, tick: u64) -> u32 {
+        let b = u64::from(batch);
+        let mut n = b * u64::from(self.ppm.min(WHOLE_BATCH_PPM)) / u64::from(WHOLE_BATCH_PPM);
+        n = match self.only {
+            Some(only) => n.min(only.cells(b, tick)),
+            None => n.saturating_sub(crate::share::cells_of(&self.held_back, b, tick)),
+        };
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// The part as `advance.lua` reads it (its ARGV[6]): "" (none), "=start:end" (only) or
+    /// "-start:end,..." (held back); a step with both holds back within the only slice, which
+    /// the registry keeps disjoint from the others, so "only" alone says it.
+    pub fn script_arg(&self) -> String {
+        if let Some(only) = self.only {
+            return format!("={only}");
+        }
+        if self.held_back.is_empty() {
+            return String::new();
+        }
+        let list: Vec<String> = self.held_back.iter().map(|s| s.to_string()).collect();
+        format!("-{}", list.join(","))
+    }
+}
 
 /// Everything a request needs from the clock, read once per request.
 #[derive(Debug, Clone, Copy)]
@@ -281,15 +371,15 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Releases the lock if `owner` still holds it.
     async fn unlock(&self, target: QueueTarget, owner: &str) -> Result<(), StoreError>;
 
-    /// One admission step (SPEC §5) of at most `share_ppm` millionths of the sale's `batchSize`
-    /// (`WHOLE_BATCH_PPM`: all of it), refused within 0.95 of the sale's `tickMs` of the previous
+    /// One admission step (SPEC §5) of at most the `part` of the sale's `batchSize` (`Part`) in
+    /// the step's tick (`now` over the sale's `tickMs`), refused within 0.95 of the sale's `tickMs` of the previous
     /// one; nobody while the sale is paused. The Redis store times the guard with Redis' own clock
     /// and ignores `now`; the memory store uses `now`, which lets a simulation drive it in
     /// virtual time.
     async fn advance(
         &self,
         target: QueueTarget,
-        share_ppm: u32,
+        part: &Part,
         now: Now,
     ) -> Result<Advance, StoreError>;
 
@@ -381,6 +471,21 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Records that an instance is alive with its paced share (the pump calls it every tick
     /// while its store answers; `leave` removes it on a clean shutdown) and answers what the
     /// registry holds.
+    /// This instance's presence subscription for the registry (`redis/presence.rs`), started
+    /// at the first call: the kind, where the registry may trust it (Redis keeps a silent
+    /// connection at least `window`, how long a cut-off replica paces). None for a store with
+    /// no other instances, or where it cannot be trusted.
+    async fn presence(
+        &self,
+        _instance: &str,
+        _window: std::time::Duration,
+    ) -> Option<PresenceKind> {
+        None
+    }
+
+    /// Whether the last registration saw the presence subscription.
+    fn presence_seen(&self, _seen: bool) {}
+
     async fn register_instance(&self, r: Registering<'_>) -> Result<Instances, StoreError>;
 
     /// Rebuilds the connection (asked for by the breaker when probes keep timing out).

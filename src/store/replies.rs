@@ -238,6 +238,46 @@ pub fn advance(v: Value) -> Result<Advance, StoreError> {
     })
 }
 
+/// `instances.lua`: `{live, recent, legacy held back, "s:e,..." held back, recorded "s:e",
+/// desired "s:e", credit, retired, presence seen, dead, retired others}`.
+pub fn instances(v: Value) -> Result<super::Instances, StoreError> {
+    use crate::share::Slice;
+    let items = reply_array(v, "instances")?;
+    let get = |i: usize| {
+        items
+            .get(i)
+            .ok_or_else(|| StoreError::Protocol("short instances reply".into()))
+    };
+    let count = |i: usize| -> Result<u32, StoreError> {
+        Ok(u32::try_from(as_u64(get(i)?, "instances")?).unwrap_or(u32::MAX))
+    };
+    let text =
+        |i: usize| -> Result<String, StoreError> { Ok(get(i)?.as_string().unwrap_or_default()) };
+    let slice = |i: usize| -> Result<Slice, StoreError> {
+        let t = text(i)?;
+        Slice::parse(&t).ok_or_else(|| StoreError::Protocol(format!("bad slice {t:?}")))
+    };
+    let held = text(3)?;
+    let held_back = held
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| Slice::parse(s).ok_or_else(|| StoreError::Protocol(format!("bad slice {s:?}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(super::Instances {
+        live: count(0)?,
+        recent: count(1)?,
+        held_back_legacy: count(2)?,
+        held_back,
+        recorded: slice(4)?,
+        desired: slice(5)?,
+        credit_ms: as_u64(get(6)?, "instances")?,
+        retired: count(7)? == 1,
+        presence_seen: count(8)? == 1,
+        dead: count(9)?,
+        retired_others: count(10)?,
+    })
+}
+
 /// `draw.lua`'s answer to "prepare".
 pub fn draw_step(v: Value) -> Result<crate::store::DrawStep, StoreError> {
     use crate::store::DrawStep;

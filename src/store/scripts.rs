@@ -103,6 +103,18 @@ pub const INSTANCES_KEY: &str = "queue:instances";
 /// The heartbeat credits the instances report (`instances.lua`), in the registry's slot.
 pub const INSTANCES_CREDIT_KEY: &str = "{queue:instances}:credit";
 
+/// Each instance's presence (`run_id|replica name`), in the registry's slot (`instances.lua`).
+pub const INSTANCES_PRESENCE_KEY: &str = "{queue:instances}:presence";
+
+/// Instances retired by a newer one with their replica name, in the registry's slot.
+pub const INSTANCES_RETIRED_KEY: &str = "{queue:instances}:retired";
+
+/// The channel an instance's presence connection subscribes to (`presence.rs`): in the
+/// registry's slot, so a cluster keeps it (sharded) on the node that runs `instances.lua`.
+pub fn presence_channel(instance: &str) -> String {
+    format!("{{queue:instances}}:presence:{instance}")
+}
+
 /// Every per-target key (SPEC §9): one enum, rendered in one place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Key<'a> {

@@ -13,12 +13,13 @@ use async_trait::async_trait;
 
 use super::liveness::Liveness;
 use super::{
-    Advance, AdvanceOutcome, EnterOutcome, Instances, Mint, Now, PollOutcome, QueueStore,
+    Advance, AdvanceOutcome, EnterOutcome, Instances, Mint, Now, Part, PollOutcome, QueueStore,
     Registering, StoreError, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS,
-    TARGET_KEY_TTL_SECS, WAIT_SAMPLES, WHOLE_BATCH_PPM,
+    TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
 use crate::sale::{FieldError, Sale, SaleDefaults, SalePatch, SaleState};
+use crate::share::Slice;
 
 mod chunked;
 mod fenwick;
@@ -492,7 +493,7 @@ impl QueueStore for MemoryStore {
     async fn advance(
         &self,
         target: QueueTarget,
-        share_ppm: u32,
+        part: &Part,
         now: Now,
     ) -> Result<Advance, StoreError> {
         let operators = self.sales.lock().get(&target).cloned();
@@ -505,10 +506,7 @@ impl QueueStore for MemoryStore {
                 Some(s) => (s.batch_size, s.tick_ms, s.state == SaleState::Paused),
                 None => (d.batch_size, d.tick_ms, false),
             };
-            let batch = u32::try_from(
-                u64::from(batch_size) * u64::from(share_ppm) / u64::from(WHOLE_BATCH_PPM),
-            )
-            .unwrap_or(u32::MAX);
+            let batch = part.users(batch_size, now.epoch_ms / tick_ms.max(1));
             let min_ms = tick_ms * 95 / 100;
             t.guard_ms = min_ms;
             let waiting = t.waiting.len() as u64;
@@ -831,13 +829,14 @@ impl QueueStore for MemoryStore {
 
     /// One process: the only instance there is, and never cut off from its store.
     async fn register_instance(&self, r: Registering<'_>) -> Result<Instances, StoreError> {
+        // One process: nobody else to pace alongside; the whole batch is this instance's seat.
         Ok(Instances {
             live: 1,
             recent: 1,
-            reserved: 0,
-            unrecorded: 0,
-            recorded: if r.leave { 0 } else { r.share.min(r.batch) },
+            recorded: if r.leave { Slice::EMPTY } else { r.asked },
+            desired: Slice::WHOLE,
             credit_ms: r.credit_ms,
+            ..Instances::default()
         })
     }
 }
@@ -880,7 +879,7 @@ mod tests {
             // An admission step refreshes the keys like an enter does.
             s.enter(t, 3, at(40)).await.unwrap();
             s.enter(t, 4, at(40)).await.unwrap();
-            s.advance(t, WHOLE_BATCH_PPM, at(60)).await.unwrap();
+            s.advance(t, &Part::whole(), at(60)).await.unwrap();
             assert_eq!(
                 s.poll(t, 4, at(80), &never).await.unwrap(),
                 PollOutcome::Waiting { seq: 2, ahead: 1 }
@@ -918,10 +917,10 @@ mod tests {
                     ahead: 1
                 }
             );
-            let a = s.advance(t, WHOLE_BATCH_PPM, now).await.unwrap();
+            let a = s.advance(t, &Part::whole(), now).await.unwrap();
             assert_eq!((a.admitted_count, a.admitted_now), (1, 1));
             let later = Now { epoch_ms: 1_010 };
-            let a = s.advance(t, WHOLE_BATCH_PPM, later).await.unwrap();
+            let a = s.advance(t, &Part::whole(), later).await.unwrap();
             assert_eq!((a.admitted_count, a.admitted_now), (20_002, 1));
         });
     }

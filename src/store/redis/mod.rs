@@ -28,6 +28,7 @@ use fred::types::{ClusterHash, CustomCommand};
 mod batch;
 mod cluster;
 mod pipe;
+mod presence;
 mod sentinel;
 mod settings;
 pub mod url;
@@ -41,10 +42,12 @@ use url::{Deployment, RedisUrl};
 use super::replies::{self, as_u64, reply_array, PollReply};
 use super::scripts::{
     Key, Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_CREDIT_KEY, INSTANCES_KEY,
+    INSTANCES_PRESENCE_KEY, INSTANCES_RETIRED_KEY,
 };
 use super::{
-    Advance, EnterOutcome, Instances, Mint, Now, PollOutcome, QueueStore, Registering, StoreError,
-    ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
+    Advance, EnterOutcome, Instances, Mint, Now, Part, PollOutcome, PresenceKind, QueueStore,
+    Registering, StoreError, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS,
+    TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
 use crate::sale::{FieldError, Sale, SaleDefaults, SalePatch};
@@ -87,6 +90,10 @@ pub struct RedisStore {
     deployment: Deployment,
     /// When any pipelined connection last read a reply (`Pipes::with_heard`).
     heard: Arc<std::sync::atomic::AtomicU64>,
+    /// This instance's presence connection (`presence.rs`), and the configuration it is built
+    /// from.
+    presence: presence::Presence,
+    presence_config: fred::types::config::Config,
 }
 
 /// Script calls: where they go and how they get there.
@@ -137,6 +144,7 @@ impl RedisStore {
             Deployment::Single | Deployment::Sentinel { .. } => 1,
         };
         let sentinel_config = config.clone();
+        let presence_config = config.clone();
         let client = Builder::from_config(config)
             .with_performance_config(|p| p.default_command_timeout = command_timeout)
             .with_connection_config(|c| {
@@ -175,6 +183,8 @@ impl RedisStore {
             id: batch::store_id(),
             deployment,
             heard,
+            presence: presence::Presence::default(),
+            presence_config,
         })
     }
 
@@ -741,17 +751,18 @@ impl QueueStore for RedisStore {
     async fn advance(
         &self,
         target: QueueTarget,
-        share_ppm: u32,
+        part: &Part,
         _now: Now,
     ) -> Result<Advance, StoreError> {
         let keys = TargetKeys::new(target).advance_keys();
         let d = &self.defaults;
         let argv = vec![
-            share_ppm.to_string().into(),
+            part.ppm.to_string().into(),
             KEY_TTL_MS.to_string().into(),
             ADVANCE_SAMPLES.to_string().into(),
             d.batch_size.to_string().into(),
             d.tick_ms.to_string().into(),
+            part.script_arg().into(),
         ];
         replies::advance(self.eval(&self.scripts.advance, keys, argv).await?)
     }
@@ -962,32 +973,68 @@ impl QueueStore for RedisStore {
             millis(r.live_window).max(1).to_string().into(),
             millis(r.recent_window).max(1).to_string().into(),
             if r.leave { "leave" } else { "register" }.into(),
-            r.share.to_string().into(),
+            r.asked.to_string().into(),
             r.batch.to_string().into(),
             r.credit_ms.to_string().into(),
+            r.name.into(),
+            r.min_replicas.to_string().into(),
+            r.presence.map_or("", |k| k.as_str()).into(),
         ];
-        let reply = self
-            .eval(
-                &self.scripts.instances,
-                vec![INSTANCES_KEY.to_string(), INSTANCES_CREDIT_KEY.to_string()],
-                argv,
-            )
-            .await?;
-        let items = reply_array(reply, "instances")?;
-        let count = |i: usize| -> Result<u32, StoreError> {
-            let v = items
-                .get(i)
-                .ok_or_else(|| StoreError::Protocol("short instances reply".into()))?;
-            Ok(u32::try_from(as_u64(v, "instances")?).unwrap_or(u32::MAX))
+        let keys = vec![
+            INSTANCES_KEY.to_string(),
+            INSTANCES_CREDIT_KEY.to_string(),
+            INSTANCES_PRESENCE_KEY.to_string(),
+            INSTANCES_RETIRED_KEY.to_string(),
+        ];
+        let reply = self.eval(&self.scripts.instances, keys, argv).await?;
+        replies::instances(reply)
+    }
+
+    async fn presence(&self, instance: &str, window: Duration) -> Option<PresenceKind> {
+        if let Some(known) = self.presence.known() {
+            return known;
+        }
+        let keepalive = match self
+            .command("CONFIG", vec!["GET".into(), "tcp-keepalive".into()])
+            .await
+        {
+            Ok(reply) => settings::string_pairs(reply, "config")
+                .ok()
+                .and_then(|pairs| presence::keepalive_from(&pairs)),
+            // Not reached: decided at a later registration.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    fred::error::ErrorKind::Timeout
+                        | fred::error::ErrorKind::IO
+                        | fred::error::ErrorKind::Canceled
+                        | fred::error::ErrorKind::Backpressure
+                ) =>
+            {
+                return None
+            }
+            // Refused (a managed Redis without CONFIG): nothing is known.
+            Err(_) => None,
         };
-        Ok(Instances {
-            live: count(0)?,
-            recent: count(1)?,
-            reserved: count(2)?,
-            unrecorded: count(3)?,
-            recorded: count(4)?,
-            credit_ms: items.get(5).map_or(Ok(0), |v| as_u64(v, "instances"))?,
-        })
+        let config = self.presence_config.clone();
+        let build = move || {
+            Builder::from_config(config)
+                .with_connection_config(|c| {
+                    c.connection_timeout = Duration::from_millis(500);
+                    c.internal_command_timeout = Duration::from_millis(500);
+                })
+                .set_policy(ReconnectPolicy::new_constant(0, 100))
+                .build_subscriber_client()
+                .ok()
+        };
+        let cluster = matches!(self.deployment, Deployment::Cluster);
+        self.presence
+            .ensure(build, instance, cluster, keepalive, window)
+            .await
+    }
+
+    fn presence_seen(&self, seen: bool) {
+        self.presence.seen(seen);
     }
 
     async fn reconnect(&self) {

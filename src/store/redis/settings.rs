@@ -119,7 +119,7 @@ impl RedisStore {
 
 /// A hash-shaped reply (`HGETALL`, `CONFIG GET`) as its string pairs: a map under RESP3, a flat
 /// array under RESP2, nothing for a missing key. Pairs that are not strings are skipped.
-fn string_pairs(reply: Value, what: &str) -> Result<Vec<(String, String)>, StoreError> {
+pub(super) fn string_pairs(reply: Value, what: &str) -> Result<Vec<(String, String)>, StoreError> {
     Ok(match reply {
         Value::Map(map) => map
             .inner()
