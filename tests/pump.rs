@@ -309,6 +309,67 @@ fn users_who_stop_polling_are_evicted_others_keep_their_place() {
     );
 }
 
+/// Three replicas that stopped registering without a trace of their death (no presence, no
+/// name) hold the whole batch back: the pump admits nobody, and still evicts a silent user
+/// every tick.
+#[test]
+fn silent_users_are_evicted_while_every_slice_is_held_back() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    // Three members that registered 3.5 s ago (the live window is 3 ticks here): recent, not
+    // live, and their slices cover the whole batch.
+    let time = redis.cmd(&["TIME"]).as_vec();
+    let then = (time[0].as_str().unwrap().parse::<u64>().unwrap() * 1000 - 3500).to_string();
+    redis.cmd(&[
+        "ZADD",
+        "queue:instances",
+        &then,
+        "x1|0:333333|1",
+        &then,
+        "x2|333333:666666|1",
+        &then,
+        "x3|666666:1000000|1",
+    ]);
+    let gws = cluster(&redis, &up, 1, |c| {
+        c.queue.heartbeat_timeout_s = 2;
+        c.queue.batch_size = 1;
+        c.queue.tick_ms = 1_000;
+    });
+    let gw = &gws[0];
+    enter(gw, 1..=3);
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (stop, listen) = (stop.clone(), gw.listen);
+        std::thread::spawn(move || {
+            let mut c = Client::connect(listen);
+            let mut seen = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                for u in 2..=3 {
+                    seen.push(poll_status(&mut c, u));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            seen
+        })
+    };
+    let evicted = wait_until(Duration::from_secs(8), || {
+        redis.cmd(&["ZSCORE", &format!("{P}waiting"), "1"]) == Resp::Nil
+    });
+    stop.store(true, Ordering::Relaxed);
+    let seen = poller.join().unwrap();
+    assert!(evicted, "the silent user was not evicted:\n{}", gw.log());
+    assert!(
+        seen.iter()
+            .all(|(status, s)| *status == 200 && s == "WAITING"),
+        "the polling users were admitted or lost: {seen:?}"
+    );
+    let marks: Vec<u64> = advances(&redis).iter().map(|(_, m)| *m).collect();
+    assert!(
+        marks.iter().all(|m| *m == 0),
+        "admitted while held back: {marks:?}"
+    );
+}
+
 #[test]
 fn a_stopping_instance_releases_its_lock() {
     let redis = RedisServer::start();
