@@ -315,15 +315,17 @@ impl RedisConnection {
                     left.push((target, id, expires_at));
                     continue;
                 }
-                let ttl =
-                    Duration::from_secs(expires_at.saturating_sub(now.epoch_ms / 1000).max(1));
-                match store
-                    .background(
-                        "claim_replay",
-                        store.inner().claim(target, &id, REPLAY_OWNER, ttl, now),
-                    )
-                    .await
-                {
+                let terms =
+                    crate::gateway::gate::claim_terms(&self.state, expires_at, now.epoch_ms / 1000);
+                let spend = store.inner().settle(
+                    target,
+                    &id,
+                    REPLAY_OWNER,
+                    crate::store::Settle::Spend,
+                    terms,
+                    now,
+                );
+                match store.background("claim_replay", spend).await {
                     Ok(_) => written += 1,
                     Err(_) => left.push((target, id, expires_at)),
                 }
@@ -386,6 +388,46 @@ impl BackgroundService for RedisConnection {
         }
         // No QUIT: during the shutdown grace period the pump still releases its locks; the
         // connection ends with this service's runtime.
+    }
+}
+
+/// Renews the leases of the claims whose purchases are in flight through this replica (every
+/// third of `gate::CLAIM_LEASE`), so a claim lapses only when its replica is gone.
+pub struct ClaimLeases {
+    pub state: Arc<AppState>,
+}
+
+#[async_trait]
+impl BackgroundService for ClaimLeases {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut ticker = tokio::time::interval(crate::gateway::gate::CLAIM_LEASE / 3);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                _ = ticker.tick() => self.renew().await,
+            }
+        }
+    }
+}
+
+impl ClaimLeases {
+    async fn renew(&self) {
+        let store = &self.state.store;
+        for (target, id, owner) in self.state.claims.leases() {
+            let now = crate::clock::now();
+            // The lease's length is all renewing uses of the terms.
+            let terms = crate::gateway::gate::claim_terms(&self.state, 0, 0);
+            let renew =
+                store
+                    .inner()
+                    .settle(target, &id, &owner, crate::store::Settle::Renew, terms, now);
+            if let Ok(false) = store.background("claim_lease", renew).await {
+                // Settled meanwhile, or the lease lapsed (this replica could not renew it in
+                // time) and the claim may be another attempt's now.
+                tracing::debug!(%target, "a claim's lease was not renewed: settled or lapsed");
+            }
+        }
     }
 }
 

@@ -12,7 +12,9 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
-use crate::background::{KeyWatcher, RedisConnection, RuntimeSettings, SettingsRefresher};
+use crate::background::{
+    ClaimLeases, KeyWatcher, RedisConnection, RuntimeSettings, SettingsRefresher,
+};
 use crate::config::{Config, StoreBackend};
 use crate::flag::{Flag, FlagState};
 use crate::gateway::admin::AdminApp;
@@ -108,6 +110,9 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     check_free("server.admin_listen", config.server.admin_listen)?;
     let upstream = resolve(&config.upstream.address)?;
     let metrics = Metrics::new().map_err(|e| StartError::Metrics(e.to_string()))?;
+    if config.token.release_on_ignored {
+        tracing::warn!("{}", crate::config::RELEASE_ON_IGNORED);
+    }
     if config.fail_open.max_replicas_ignored {
         tracing::warn!("{}", crate::config::MAX_REPLICAS_IGNORED);
     }
@@ -260,6 +265,14 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
             RuntimeSettings { refresher },
         ));
         settings.add_dependency(&redis);
+    }
+    if state.config.token.single_use {
+        server.add_service(background_service(
+            "claim leases",
+            ClaimLeases {
+                state: state.clone(),
+            },
+        ));
     }
     if state.identity.is_jwt() {
         server.add_service(background_service(

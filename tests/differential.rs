@@ -24,10 +24,20 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, TestCaseError, TestRunner};
 use vq_gateway::queue::{QueueTarget, TargetType};
 use vq_gateway::sale::SaleDefaults;
-use vq_gateway::store::{MemoryStore, Now, QueueStore, RedisStore, TokenCandidate};
+use vq_gateway::store::{
+    ClaimTerms, MemoryStore, Now, QueueStore, RedisStore, Settle, TokenCandidate,
+};
 
 const CAPACITY: u64 = 6;
 const BASE_MS: u64 = 1_900_000_000_000;
+
+/// Claims whose leases never lapse within a run (Redis times them by its own clock, the memory
+/// store by the ops' clock), and three attempts per token.
+const TERMS: ClaimTerms = ClaimTerms {
+    ttl: Duration::from_secs(600),
+    lease: Duration::from_secs(3600),
+    max_attempts: 3,
+};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -58,10 +68,13 @@ enum Op {
     Claim {
         target: u64,
         token: u8,
+        owner: u8,
     },
-    Release {
+    Settle {
         target: u64,
         token: u8,
+        owner: u8,
+        how: u8,
     },
     Step {
         ms: u64,
@@ -79,8 +92,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (target.clone(), 0u64..12_000, 1u32..=3)
             .prop_map(|(target, credit_ms, max)| Op::Sweep { target, credit_ms, max }),
         1 => target.clone().prop_map(|target| Op::Stats { target }),
-        1 => (target.clone(), 0u8..3).prop_map(|(target, token)| Op::Claim { target, token }),
-        1 => (target, 0u8..3).prop_map(|(target, token)| Op::Release { target, token }),
+        1 => (target.clone(), 0u8..3, 0u8..2)
+            .prop_map(|(target, token, owner)| Op::Claim { target, token, owner }),
+        1 => (target, 0u8..3, 0u8..2, 0u8..3)
+            .prop_map(|(target, token, owner, how)| Op::Settle { target, token, owner, how }),
         2 => (0u64..2_500).prop_map(|ms| Op::Step { ms }),
     ]
 }
@@ -153,19 +168,43 @@ async fn apply(s: &dyn QueueStore, op: &Op, now: Now) -> String {
                 st.waiting_count, st.admitted_count
             )
         }
-        Op::Claim { target: t, token } => {
-            let ttl = Duration::from_secs(600);
+        Op::Claim {
+            target: t,
+            token,
+            owner,
+        } => {
             format!(
                 "{:?}",
-                s.claim(target(t), &format!("c{token}"), "o", ttl, now)
-                    .await
-                    .unwrap()
+                s.claim(
+                    target(t),
+                    &format!("c{token}"),
+                    &format!("o{owner}"),
+                    TERMS,
+                    now
+                )
+                .await
+                .unwrap()
             )
         }
-        Op::Release { target: t, token } => {
+        Op::Settle {
+            target: t,
+            token,
+            owner,
+            how,
+        } => {
+            let how = [Settle::Spend, Settle::GiveBack, Settle::Undo][usize::from(how)];
             format!(
                 "{:?}",
-                s.release(target(t), &format!("c{token}")).await.unwrap()
+                s.settle(
+                    target(t),
+                    &format!("c{token}"),
+                    &format!("o{owner}"),
+                    how,
+                    TERMS,
+                    now
+                )
+                .await
+                .unwrap()
             )
         }
         Op::Step { .. } => String::new(),

@@ -380,7 +380,7 @@ fn single_use_and_release_when_the_backend_refuses() {
     let (gw, up) = env(|_| {});
     let mut c = gw.client();
     let token = valid(1001);
-    // The backend did not process it (overloaded): the claim is given back and the user can retry.
+    // The backend failed it: the claim is given back and the user can retry.
     let r = buy(
         &mut c,
         ORDERS,
@@ -626,14 +626,11 @@ fn the_gate_skips_users_the_flag_leaves_out() {
 }
 
 #[test]
-fn spent_means_spent_for_every_answer_but_not_processed() {
+fn a_2xx_or_3xx_spends_the_token_a_4xx_or_5xx_gives_it_back() {
     let (gw, up) = env(|_| {});
     let mut sent = 0;
-    // A completed order may answer 2xx, a redirect (Post/Redirect/Get) or fail after committing.
-    for (i, status) in ["200", "201", "204", "302", "303", "409", "500"]
-        .iter()
-        .enumerate()
-    {
+    // A completed order answers 2xx, or a redirect (Post/Redirect/Get).
+    for (i, status) in ["200", "201", "204", "302", "303"].iter().enumerate() {
         let user = (2000 + i).to_string();
         let token = valid(2000 + i as u64);
         let r = buy(
@@ -650,8 +647,11 @@ fn spent_means_spent_for_every_answer_but_not_processed() {
             assert_denied(&r, 403, "QUEUE_BYPASS_DENIED");
         }
     }
-    // Only "not processed" (408, 425, 429, 503 by default) gives the token back.
-    for (i, status) in ["408", "425", "429", "503"].iter().enumerate() {
+    // A refused or failed purchase (the seat was taken, the backend failed) gives the token back.
+    for (i, status) in ["400", "408", "409", "429", "500", "502", "503"]
+        .iter()
+        .enumerate()
+    {
         let user = (3000 + i).to_string();
         let token = valid(3000 + i as u64);
         let r = buy(
@@ -664,9 +664,89 @@ fn spent_means_spent_for_every_answer_but_not_processed() {
         assert_eq!(r.status.to_string(), *status);
         let r = buy(&mut gw.client(), ORDERS, &user, Some(&token), &[]);
         assert_eq!(r.status, 200, "after {status}");
+        let r = buy(&mut gw.client(), ORDERS, &user, Some(&token), &[]);
+        assert_denied(&r, 403, "QUEUE_BYPASS_DENIED");
         sent += 2;
     }
     assert_eq!(up.count(), sent);
+}
+
+/// Seat selection: the seat was taken (409), the user picks another with the same token (200).
+#[test]
+fn seat_selection_409_then_200_with_one_token() {
+    let (gw, up) = env(|_| {});
+    let token = token_for(
+        TEST_SECRET,
+        &format!("TICKETING_EVENT|7|5001|{}", now_s() + 200),
+    );
+    let seats = "/events/7/seats/select";
+    let r = buy(
+        &mut gw.client(),
+        seats,
+        "5001",
+        Some(&token),
+        &[("x-upstream-status", "409")],
+    );
+    assert_eq!(r.status, 409);
+    let r = buy(&mut gw.client(), seats, "5001", Some(&token), &[]);
+    assert_eq!(r.status, 200);
+    assert_denied(
+        &buy(&mut gw.client(), seats, "5001", Some(&token), &[]),
+        403,
+        "QUEUE_BYPASS_DENIED",
+    );
+    assert_eq!(up.count(), 2);
+}
+
+/// A client that makes the backend fail on purpose gets `token.max_attempts` tries in all.
+#[test]
+fn twenty_tries_on_a_failing_route_reach_the_backend_at_most_max_attempts_times() {
+    let (gw, up) = env(|c| c.token.max_attempts = 4);
+    let token = valid(6001);
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        let r = buy(
+            &mut gw.client(),
+            ORDERS,
+            "6001",
+            Some(&token),
+            &[("x-upstream-status", "500")],
+        );
+        statuses.push(r.status);
+    }
+    assert_eq!(up.count(), 4, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 500).count(), 4);
+    assert!(statuses[4..].iter().all(|s| *s == 403), "{statuses:?}");
+    assert!(gw.metrics().contains("reason=\"attempts_exhausted\""));
+}
+
+/// While a purchase is in flight, the same token is refused; once the first answer gives it
+/// back, it may be tried again.
+#[test]
+fn a_token_in_flight_is_refused_until_its_purchase_answers() {
+    let (gw, up) = env(|_| {});
+    let token = valid(7001);
+    let first = {
+        let (addr, token) = (gw.listen, token.clone());
+        std::thread::spawn(move || {
+            buy(
+                &mut Client::connect(addr),
+                ORDERS,
+                "7001",
+                Some(&token),
+                &[("x-upstream-status", "503"), ("x-upstream-delay-ms", "800")],
+            )
+            .status
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let r = buy(&mut gw.client(), ORDERS, "7001", Some(&token), &[]);
+    assert_denied(&r, 403, "QUEUE_BYPASS_DENIED");
+    assert_eq!(first.join().unwrap(), 503);
+    let r = buy(&mut gw.client(), ORDERS, "7001", Some(&token), &[]);
+    assert_eq!(r.status, 200);
+    assert_eq!(up.count(), 2);
+    assert!(gw.metrics().contains("reason=\"in_flight\""));
 }
 
 #[test]
@@ -704,8 +784,8 @@ fn fifty_concurrent_uses_after_a_redirect_let_none_through_again() {
 }
 
 #[test]
-fn release_on_is_validated() {
-    let (code, _, err) = run_bin(
+fn an_older_files_release_on_loads_with_a_warning_and_max_attempts_is_validated() {
+    let (code, out, err) = run_bin(
         &[
             "check-config",
             "--config",
@@ -714,8 +794,21 @@ fn release_on_is_validated() {
         &[],
         std::time::Duration::from_secs(10),
     );
-    assert_eq!(code, Some(64));
-    assert!(err.contains("token.release_on[1]"), "{err}");
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("token.release_on is ignored"), "{out}");
+    for bad in ["0", "1001"] {
+        let (code, _, err) = run_bin(
+            &[
+                "check-config",
+                "--config",
+                &write_config(&format!("[token]\nmax_attempts = {bad}\n")),
+            ],
+            &[],
+            std::time::Duration::from_secs(10),
+        );
+        assert_eq!(code, Some(64));
+        assert!(err.contains("token.max_attempts"), "{err}");
+    }
 }
 
 fn write_config(text: &str) -> String {

@@ -16,8 +16,8 @@ use vq_gateway::sale::{Sale, SalePatch};
 use vq_gateway::share::Slice;
 use vq_gateway::store::liveness::Liveness;
 use vq_gateway::store::{
-    Advance, AdvanceOutcome, EnterOutcome, MemoryStore, Now, Part, PollOutcome, PresenceKind,
-    QueueStore, RedisStore, Registering, TokenCandidate,
+    Advance, AdvanceOutcome, ClaimTake, ClaimTerms, EnterOutcome, MemoryStore, Now, Part,
+    PollOutcome, PresenceKind, QueueStore, RedisStore, Registering, Settle, TokenCandidate,
 };
 
 const GUARD: Duration = Duration::from_millis(150);
@@ -169,34 +169,93 @@ contract!(
     sweep_evicts_stale_users_up_to_the_cap,
     stats_report_the_queue,
     active_targets_list_entered_targets,
-    a_claim_is_single_use_but_its_owner_may_ask_again,
+    a_claim_is_pending_spent_or_given_back,
+    a_pending_claim_lapses_with_its_lease,
 );
 
-/// A claim's owner is one purchase attempt: asking again (a retried call whose first reply was
-/// lost) answers true, anyone else false, and a released claim is free again.
-async fn a_claim_is_single_use_but_its_owner_may_ask_again(s: &dyn QueueStore) {
-    let ttl = std::time::Duration::from_secs(60);
+/// A claim is pending for one purchase attempt: that attempt may ask again (a retried call
+/// whose first reply was lost), another is refused while it is in flight; a 2xx spends it, a
+/// 4xx/5xx gives it back (an attempt that never reached the backend does not count), and one
+/// token is tried at most `max_attempts` times.
+async fn a_claim_is_pending_spent_or_given_back(s: &dyn QueueStore) {
+    let terms = ClaimTerms {
+        ttl: Duration::from_secs(60),
+        lease: Duration::from_secs(60),
+        max_attempts: 3,
+    };
     let t = target(1);
-    assert!(s.claim(t, "tok", "a", ttl, now()).await.unwrap());
-    assert!(
-        s.claim(t, "tok", "a", ttl, now()).await.unwrap(),
-        "same owner"
+    let take = |id: &'static str, owner: &'static str| async move {
+        s.claim(t, id, owner, terms, now()).await.unwrap()
+    };
+    let settle = |id: &'static str, owner: &'static str, how: Settle| async move {
+        s.settle(t, id, owner, how, terms, now()).await.unwrap()
+    };
+    assert_eq!(take("tok", "a").await, ClaimTake::Taken { attempts: 1 });
+    assert_eq!(
+        take("tok", "a").await,
+        ClaimTake::Taken { attempts: 1 },
+        "same attempt"
     );
-    assert!(
-        !s.claim(t, "tok", "b", ttl, now()).await.unwrap(),
-        "second use"
-    );
-    assert!(s.claim(t, "other", "b", ttl, now()).await.unwrap());
-    assert!(
-        s.claim(target(2), "tok", "a", ttl, now()).await.unwrap(),
+    assert_eq!(take("tok", "b").await, ClaimTake::InFlight);
+    assert_eq!(take("other", "b").await, ClaimTake::Taken { attempts: 1 });
+    assert_eq!(
+        s.claim(target(2), "tok", "a", terms, now()).await.unwrap(),
+        ClaimTake::Taken { attempts: 1 },
         "per target"
     );
-    s.release(t, "tok").await.unwrap();
+    assert!(!settle("tok", "b", Settle::GiveBack).await, "not b's claim");
+    assert!(settle("tok", "a", Settle::Renew).await);
+    assert!(settle("tok", "a", Settle::GiveBack).await, "a 409");
+    assert_eq!(take("tok", "b").await, ClaimTake::Taken { attempts: 2 });
     assert!(
-        s.claim(t, "tok", "b", ttl, now()).await.unwrap(),
-        "released"
+        settle("tok", "b", Settle::Undo).await,
+        "never reached the backend"
     );
-    assert!(!s.claim(t, "tok", "a", ttl, now()).await.unwrap());
+    assert_eq!(take("tok", "c").await, ClaimTake::Taken { attempts: 2 });
+    assert!(settle("tok", "c", Settle::GiveBack).await);
+    assert_eq!(take("tok", "d").await, ClaimTake::Taken { attempts: 3 });
+    assert!(settle("tok", "d", Settle::GiveBack).await);
+    assert_eq!(take("tok", "e").await, ClaimTake::Exhausted);
+    // A success spends it for good.
+    assert!(settle("other", "b", Settle::Spend).await);
+    assert_eq!(take("other", "b").await, ClaimTake::Spent);
+    assert!(
+        !settle("other", "b", Settle::GiveBack).await,
+        "spent stays spent"
+    );
+    assert_eq!(take("other", "c").await, ClaimTake::Spent);
+}
+
+/// A pending claim whose lease is not renewed lapses (its replica died): another attempt takes
+/// it, and the dead attempt's late answer can no longer give it back.
+async fn a_pending_claim_lapses_with_its_lease(s: &dyn QueueStore) {
+    let terms = ClaimTerms {
+        ttl: Duration::from_secs(60),
+        lease: Duration::from_millis(200),
+        max_attempts: 10,
+    };
+    let t = target(3);
+    assert_eq!(
+        s.claim(t, "tok", "dead", terms, now()).await.unwrap(),
+        ClaimTake::Taken { attempts: 1 }
+    );
+    assert_eq!(
+        s.claim(t, "tok", "retry", terms, now()).await.unwrap(),
+        ClaimTake::InFlight
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!s
+        .settle(t, "tok", "dead", Settle::Renew, terms, now())
+        .await
+        .unwrap());
+    assert_eq!(
+        s.claim(t, "tok", "retry", terms, now()).await.unwrap(),
+        ClaimTake::Taken { attempts: 2 }
+    );
+    assert!(!s
+        .settle(t, "tok", "dead", Settle::GiveBack, terms, now())
+        .await
+        .unwrap());
 }
 
 async fn enter_is_ordered_and_idempotent(s: &dyn QueueStore) {

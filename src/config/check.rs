@@ -226,16 +226,6 @@ pub(super) fn token(t: &TokenSection) -> Result<TokenConfig, ConfigError> {
             "must name a different variable than token.secret_env",
         ));
     }
-    let mut release_on = Vec::with_capacity(t.release_on.len());
-    for (i, code) in t.release_on.iter().enumerate() {
-        if !(400..=599).contains(code) {
-            return Err(invalid(
-                &format!("token.release_on[{i}]"),
-                format!("{code} is not a 4xx or 5xx status (a 2xx or 3xx answer means the purchase went through)"),
-            ));
-        }
-        release_on.push(*code);
-    }
     Ok(TokenConfig {
         secret_env: t.secret_env.clone(),
         previous_secret_env: t.previous_secret_env.clone(),
@@ -243,7 +233,8 @@ pub(super) fn token(t: &TokenSection) -> Result<TokenConfig, ConfigError> {
         // two stores would disagree about an idle admitted user.
         ttl: secs("token.ttl_s", t.ttl_s, 1, crate::store::TARGET_KEY_TTL_SECS)?,
         single_use: t.single_use,
-        release_on,
+        max_attempts: in_range("token.max_attempts", u64::from(t.max_attempts), 1, 1000)? as u32,
+        release_on_ignored: t.release_on.is_some(),
     })
 }
 

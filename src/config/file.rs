@@ -299,9 +299,13 @@ pub struct TokenSection {
     pub previous_secret_env: String,
     pub ttl_s: u64,
     pub single_use: bool,
-    /// Backend statuses that mean "not processed": only these give a single-use claim back so
-    /// the user may retry. Never 2xx or 3xx (a 303 after an order is a completed order).
-    pub release_on: Vec<u16>,
+    /// How many purchases one token may try in all (a 4xx or 5xx answer gives the token back
+    /// for another try; a 2xx or 3xx spends it).
+    pub max_attempts: u32,
+    /// No longer used (an older file's key: any 4xx or 5xx gives the token back now); accepted
+    /// with a warning.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub release_on: Option<Vec<u16>>,
 }
 
 impl Default for TokenSection {
@@ -311,7 +315,8 @@ impl Default for TokenSection {
             previous_secret_env: "VQ_TOKEN_SECRET_PREVIOUS".into(),
             ttl_s: 300,
             single_use: true,
-            release_on: vec![408, 425, 429, 503],
+            max_attempts: 10,
+            release_on: None,
         }
     }
 }

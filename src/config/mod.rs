@@ -117,6 +117,8 @@ pub struct FailOpenConfig {
 }
 
 /// What start-up and `check-config` say about a file that sets `fail_open.max_replicas`.
+pub const RELEASE_ON_IGNORED: &str = "token.release_on is ignored: any 4xx or 5xx answer gives the token back for another try, a 2xx or 3xx spends it, and token.max_attempts bounds the tries";
+
 pub const MAX_REPLICAS_IGNORED: &str = "fail_open.max_replicas is ignored: a replica paces only after it registered, with the share the registry recorded for it";
 
 /// `[queue]`: admission pace, capacity, liveness, and which targets may have a queue.
@@ -140,8 +142,10 @@ pub struct TokenConfig {
     pub previous_secret_env: String,
     pub ttl: Duration,
     pub single_use: bool,
-    /// Backend statuses that give a single-use claim back.
-    pub release_on: Vec<u16>,
+    /// `token.max_attempts`: how many purchases one token may try in all.
+    pub max_attempts: u32,
+    /// The file still sets `token.release_on`, which is ignored (`RELEASE_ON_IGNORED`).
+    pub release_on_ignored: bool,
 }
 
 /// `[flag]`: the file's default of the run-time flag (Redis `queue:flag` overrides it).
@@ -227,6 +231,9 @@ impl Config {
         );
         if fo.max_replicas_ignored {
             out.push_str(&format!("\nwarning: {MAX_REPLICAS_IGNORED}"));
+        }
+        if self.token.release_on_ignored {
+            out.push_str(&format!("\nwarning: {RELEASE_ON_IGNORED}"));
         }
         out
     }

@@ -17,7 +17,7 @@ use crate::queue::QueueTarget;
 use crate::registry::{Standing, UnregisteredGated};
 use crate::routing::gated::GatedPath;
 use crate::store::Now;
-use crate::store::{QueueStore, StoreError};
+use crate::store::{ClaimTake, ClaimTerms, QueueStore, StoreError};
 use crate::token::{verify, MAX_TOKEN_LEN};
 
 /// Header names are built once, not parsed from a string on every lookup.
@@ -58,12 +58,36 @@ fn bad(reason: &'static str, detail: &'static str) -> Denied {
     }
 }
 
-/// A single-use claim taken for a request: in the store, or (the store down) in this replica's
-/// `Claims`, to be written to the store once it answers again.
+/// A single-use claim taken for a request, pending while it is in flight: in the store (with
+/// the purchase attempt's id), or (the store down) in this replica's `Claims`, to be written to
+/// the store once it answers again. Either way until when it is kept (epoch seconds).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    Stored(QueueTarget, String),
-    Local(QueueTarget, String),
+    Stored {
+        target: QueueTarget,
+        id: String,
+        owner: String,
+        until: u64,
+    },
+    Local {
+        target: QueueTarget,
+        id: String,
+        until: u64,
+    },
+}
+
+/// How long a pending claim holds without being renewed: the forwarding replica renews it every
+/// third of this while the purchase is in flight, so the claim of a replica that died lapses
+/// this long after its last renewal and the user may try again.
+pub const CLAIM_LEASE: Duration = Duration::from_secs(5);
+
+/// The terms of a token's claim held until `until` (epoch seconds).
+pub fn claim_terms(state: &AppState, until: u64, now_s: u64) -> ClaimTerms {
+    ClaimTerms {
+        ttl: Duration::from_secs(until.saturating_sub(now_s).max(1)),
+        lease: CLAIM_LEASE,
+        max_attempts: state.config.token.max_attempts,
+    }
 }
 
 /// A passed check: what to forward and whether a single-use claim must be given back if the
@@ -175,29 +199,50 @@ pub async fn check(
     }
     let id = token_id(token);
     let used = || deny("already_used", "the entry token has been used already");
+    let in_flight = || {
+        deny(
+            "in_flight",
+            "a purchase with this entry token is in progress",
+        )
+    };
     if state.claims.used_here(target, &id, now_s) {
-        // Spent through this replica: refused without asking the store (which may be down, or
-        // may have lost the claim).
+        if state.claims.in_flight_here(target, &id) {
+            return Err(in_flight());
+        }
+        // Spent or in flight through this replica: refused without asking the store (which
+        // may be down, or may have lost the claim).
         return Err(used());
     }
     // Held until the token has expired on every instance, not only on this one: a replica whose
     // clock is up to EXPIRY_SKEW_SECS behind still accepts it until then.
     let held_until = claims.expires_at.saturating_add(EXPIRY_SKEW_SECS);
-    let ttl = Duration::from_secs(held_until.saturating_sub(now_s));
     let unconfirmed = |reason| Denied {
         error: ApiError::QueueUnavailable,
         reason,
     };
-    match claim_in_store(state, target, &id, ttl).await {
-        Ok(true) => {
-            state.claims.remember_stored(target, &id, held_until, now_s);
+    let owner = claim_owner();
+    match claim_in_store(state, target, &id, &owner, held_until).await {
+        Ok(ClaimTake::Taken { .. }) => {
+            state
+                .claims
+                .remember_stored(target, &id, &owner, held_until, now_s);
             Ok(Passed {
                 target,
                 checked: true,
-                claim: Some(Claim::Stored(target, id)),
+                claim: Some(Claim::Stored {
+                    target,
+                    id,
+                    owner,
+                    until: held_until,
+                }),
             })
         }
-        Ok(false) => Err(used()),
+        Ok(ClaimTake::Spent) => Err(used()),
+        Ok(ClaimTake::InFlight) => Err(in_flight()),
+        Ok(ClaimTake::Exhausted) => Err(deny(
+            "attempts_exhausted",
+            "the entry token was tried too often",
+        )),
         // This replica is at its own limit while Redis answers: a local claim could not see a
         // use recorded in Redis, so the purchase waits instead (the token stays unused).
         Err(StoreError::Saturated) => Err(unconfirmed("claim_saturated")),
@@ -215,15 +260,29 @@ pub async fn check(
         // with `fail_open.claims_file`) and written to the store when it answers again.
         Err(_) => match state
             .claims
-            .take_local(target, &id, held_until, now_s)
+            .take_local(
+                target,
+                &id,
+                held_until,
+                state.config.token.max_attempts,
+                now_s,
+            )
             .await
         {
             LocalClaim::Taken => Ok(Passed {
                 target,
                 checked: true,
-                claim: Some(Claim::Local(target, id)),
+                claim: Some(Claim::Local {
+                    target,
+                    id,
+                    until: held_until,
+                }),
             }),
             LocalClaim::AlreadyUsed => Err(used()),
+            LocalClaim::Exhausted => Err(deny(
+                "attempts_exhausted",
+                "the entry token was tried too often",
+            )),
             LocalClaim::Refused => Err(unconfirmed("claims_full")),
         },
     }
@@ -238,14 +297,15 @@ async fn claim_in_store(
     state: &AppState,
     target: QueueTarget,
     id: &str,
-    ttl: Duration,
-) -> Result<bool, StoreError> {
-    let owner = claim_owner();
+    owner: &str,
+    until: u64,
+) -> Result<ClaimTake, StoreError> {
     let down_after = down_after_ms(state);
     let started = crate::clock::now().epoch_ms;
     loop {
         let now = crate::clock::now();
-        let err = match state.store.claim(target, id, &owner, ttl, now).await {
+        let terms = claim_terms(state, until, now.epoch_ms / 1000);
+        let err = match state.store.claim(target, id, owner, terms, now).await {
             Ok(claimed) => return Ok(claimed),
             Err(e @ StoreError::Saturated) => return Err(e),
             Err(e) => e,

@@ -39,7 +39,7 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 use crate::error::ApiError;
 use crate::identity::IdentityError;
 use crate::routing::{gated, path};
-use crate::store::QueueStore;
+use crate::store::{QueueStore, Settle};
 use api::Reply;
 use conn::ClientStream;
 use route::RouteClass;
@@ -52,10 +52,10 @@ pub struct RequestCtx {
     started: Instant,
     /// The path the backend receives instead of the client's spelling (gated shapes, absolute form).
     forward_path: Option<String>,
-    /// A single-use claim taken for this request, given back if the backend refuses.
+    /// A single-use claim taken for this request, pending until the backend's answer settles it.
     claim: Option<gate::Claim>,
-    /// Whether the request header was handed to the backend (after which a lost answer keeps the
-    /// claim: the backend may have acted on it).
+    /// Whether the request header was handed to the backend (a claim given back before then
+    /// does not count as an attempt; one never answered after then is spent).
     sent_upstream: bool,
     /// Whether this request may switch protocols (a configured websocket path).
     upgrade: bool,
@@ -122,15 +122,46 @@ impl Gateway {
         }
     }
 
-    async fn release_claim(&self, ctx: &mut RequestCtx) {
-        match ctx.claim.take() {
-            Some(gate::Claim::Stored(target, id)) => {
-                self.state.claims.release(target, &id);
-                // A failure is counted by the guard; the claim then expires with the token.
-                let _ = self.state.store.release(target, &id).await;
+    /// Settles the request's claim, if it still holds one: spent (`Settle::Spend`), given back
+    /// (`GiveBack`), or given back without counting the attempt (`Undo`: it never reached the
+    /// backend).
+    async fn settle_claim(&self, ctx: &mut RequestCtx, how: Settle) {
+        let Some(claim) = ctx.claim.take() else {
+            return;
+        };
+        let now = crate::clock::now();
+        let now_s = now.epoch_ms / 1000;
+        let claims = &self.state.claims;
+        match claim {
+            gate::Claim::Stored {
+                target,
+                id,
+                owner,
+                until,
+            } => {
+                let terms = gate::claim_terms(&self.state, until, now_s);
+                // Awaited before the answer goes on: a client that sees its purchase succeed
+                // finds the token spent everywhere.
+                let settled = self
+                    .state
+                    .store
+                    .settle(target, &id, &owner, how, terms, now)
+                    .await;
+                match how {
+                    Settle::Spend => claims.spent(target, &id, until, settled.is_err(), now_s),
+                    // A failure is counted by the guard; the pending claim then lapses with its
+                    // lease.
+                    Settle::GiveBack | Settle::Undo => {
+                        claims.release(target, &id, how == Settle::Undo)
+                    }
+                    Settle::Renew => {}
+                }
             }
-            Some(gate::Claim::Local(target, id)) => self.state.claims.release(target, &id),
-            None => {}
+            gate::Claim::Local { target, id, until } => match how {
+                Settle::Spend => claims.spent(target, &id, until, false, now_s),
+                Settle::GiveBack | Settle::Undo => claims.release(target, &id, how == Settle::Undo),
+                Settle::Renew => {}
+            },
         }
     }
 }
@@ -498,10 +529,13 @@ impl ProxyHttp for Gateway {
                 "backend switched protocols without an allowed upgrade",
             ));
         }
-        // Only statuses that mean "not processed" give the claim back; 1xx (100 Continue) is not
-        // an answer, and 2xx, 3xx and other errors may follow a completed purchase.
-        if self.state.config.token.release_on.contains(&status) {
-            self.release_claim(ctx).await;
+        // A 2xx or 3xx answer (or an allowed upgrade) is a purchase: the token is spent. Any 4xx
+        // or 5xx gives it back for another try (up to `token.max_attempts`); other 1xx are not
+        // answers yet.
+        match status {
+            101 | 200..=399 => self.settle_claim(ctx, Settle::Spend).await,
+            400..=599 => self.settle_claim(ctx, Settle::GiveBack).await,
+            _ => {}
         }
         Ok(())
     }
@@ -566,10 +600,16 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        if !ctx.sent_upstream {
-            // Never reached the backend (unreachable, refused locally): the token is unused.
-            self.release_claim(ctx).await;
-        }
+        // A claim still pending: the request never reached the backend (unreachable, refused
+        // locally: given back, and the attempt does not count), or it did and no answer was
+        // read (the client hung up, the backend's connection failed): the backend may have
+        // acted on it, so the token is spent.
+        let how = if ctx.sent_upstream {
+            Settle::Spend
+        } else {
+            Settle::Undo
+        };
+        self.settle_claim(ctx, how).await;
         let now = Instant::now();
         if let Some(stream) = ClientStream::of(session) {
             stream.idle_from(now);

@@ -29,8 +29,8 @@ use tokio::sync::Semaphore;
 
 use super::breaker::{Admit, Breaker, BreakerConfig, Verdict};
 use super::{
-    Advance, EnterOutcome, Instances, Mint, Now, Part, PollOutcome, PresenceKind, QueueStore,
-    Registering, StoreError,
+    Advance, ClaimTake, ClaimTerms, EnterOutcome, Instances, Mint, Now, Part, PollOutcome,
+    PresenceKind, QueueStore, Registering, Settle, StoreError,
 };
 use crate::metrics::Metrics;
 use crate::queue::{QueueStats, QueueTarget};
@@ -520,16 +520,26 @@ impl QueueStore for StoreGuard {
         target: QueueTarget,
         token_id: &str,
         owner: &str,
-        ttl: Duration,
+        terms: ClaimTerms,
         now: Now,
-    ) -> Result<bool, StoreError> {
-        let fut = self.inner.claim(target, token_id, owner, ttl, now);
+    ) -> Result<ClaimTake, StoreError> {
+        let fut = self.inner.claim(target, token_id, owner, terms, now);
         self.run(Class::Gate, "claim", fut).await
     }
 
-    async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError> {
-        let fut = self.inner.release(target, token_id);
-        self.run(Class::Gate, "release", fut).await
+    async fn settle(
+        &self,
+        target: QueueTarget,
+        token_id: &str,
+        owner: &str,
+        settle: Settle,
+        terms: ClaimTerms,
+        now: Now,
+    ) -> Result<bool, StoreError> {
+        let fut = self
+            .inner
+            .settle(target, token_id, owner, settle, terms, now);
+        self.run(Class::Gate, "settle", fut).await
     }
 
     async fn stored_token(

@@ -146,6 +146,54 @@ pub struct Registering<'a> {
     pub credit_ms: u64,
 }
 
+/// What taking a token's claim found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimTake {
+    /// Pending for this attempt; the token's attempts so far, this one included.
+    Taken { attempts: u32 },
+    /// A purchase with it went through.
+    Spent,
+    /// Another attempt's purchase is in flight (its lease holds).
+    InFlight,
+    /// Tried `max_attempts` times already.
+    Exhausted,
+}
+
+/// What becomes of an attempt's pending claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// The backend answered 2xx or 3xx: the token is spent.
+    Spend,
+    /// The backend answered 4xx or 5xx: the token may be tried again.
+    GiveBack,
+    /// The attempt never reached the backend: given back, and it does not count.
+    Undo,
+    /// Still in flight: the lease runs on.
+    Renew,
+}
+
+impl Settle {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Settle::Spend => "spend",
+            Settle::GiveBack => "give",
+            Settle::Undo => "undo",
+            Settle::Renew => "renew",
+        }
+    }
+}
+
+/// The terms of a token's claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimTerms {
+    /// How long the claim is kept: until the token has expired on every instance.
+    pub ttl: std::time::Duration,
+    /// How long a pending claim holds without being renewed (its replica may have died).
+    pub lease: std::time::Duration,
+    /// `token.max_attempts`: how many purchases one token may try in all.
+    pub max_attempts: u32,
+}
+
 /// The instance registry's answer.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Instances {
@@ -443,21 +491,30 @@ pub trait QueueStore: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Claims a token for single use (`SET NX`, expiring with the token) on behalf of `owner`
-    /// (unique per purchase attempt). False when it was claimed already by another owner; true
-    /// again for the same owner, so a call retried after a lost or late reply does not take its
-    /// own claim for a second use.
+    /// Takes a token's single-use claim (`claim.lua`) for the purchase attempt `owner`: pending
+    /// under a lease while the purchase is in flight. Taken again by the same attempt (a call
+    /// retried after a lost reply is not a second use); refused while another attempt's lease
+    /// holds, once spent, and after `terms.max_attempts` attempts.
     async fn claim(
         &self,
         target: QueueTarget,
         token_id: &str,
         owner: &str,
-        ttl: std::time::Duration,
+        terms: ClaimTerms,
+        now: Now,
+    ) -> Result<ClaimTake, StoreError>;
+
+    /// Settles or renews attempt `owner`'s pending claim: whether the claim changed (spending
+    /// always does; the others only act on the attempt's own pending claim).
+    async fn settle(
+        &self,
+        target: QueueTarget,
+        token_id: &str,
+        owner: &str,
+        settle: Settle,
+        terms: ClaimTerms,
         now: Now,
     ) -> Result<bool, StoreError>;
-
-    /// Gives a claim back (the backend refused the purchase, so the user may retry).
-    async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError>;
 
     /// The entry token the queue issued to `user` of `target` and still holds (unexpired), if
     /// any: the gate's check of a token issued before the queue was last turned on.

@@ -278,6 +278,23 @@ pub fn instances(v: Value) -> Result<super::Instances, StoreError> {
     })
 }
 
+/// `claim.lua`'s answer to "take": `{outcome, attempts}`.
+pub fn claim_take(v: Value) -> Result<super::ClaimTake, StoreError> {
+    use super::ClaimTake;
+    let items = reply_array(v, "claim")?;
+    let attempts = match items.get(1) {
+        Some(v) => u32::try_from(as_u64(v, "claim")?).unwrap_or(u32::MAX),
+        None => return Err(StoreError::Protocol("short claim reply".into())),
+    };
+    match tag(&items).as_str() {
+        "TAKEN" => Ok(ClaimTake::Taken { attempts }),
+        "SPENT" => Ok(ClaimTake::Spent),
+        "IN_FLIGHT" => Ok(ClaimTake::InFlight),
+        "EXHAUSTED" => Ok(ClaimTake::Exhausted),
+        _ => Err(StoreError::Protocol("unknown claim reply".into())),
+    }
+}
+
 /// `draw.lua`'s answer to "prepare".
 pub fn draw_step(v: Value) -> Result<crate::store::DrawStep, StoreError> {
     use crate::store::DrawStep;

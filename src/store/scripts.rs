@@ -35,6 +35,7 @@ pub struct Scripts {
     pub sweep: Script,
     pub unlock: Script,
     pub setnx: Script,
+    pub claim: Script,
     pub instances: Script,
     pub admit: Script,
     pub settings_read: Script,
@@ -55,6 +56,7 @@ impl Scripts {
             sweep: Script::new("sweep", include_str!("../../lua/sweep.lua")),
             unlock: Script::new("unlock", include_str!("../../lua/unlock.lua")),
             setnx: Script::new("setnx", include_str!("../../lua/setnx.lua")),
+            claim: Script::new("claim", include_str!("../../lua/claim.lua")),
             instances: Script::new("instances", include_str!("../../lua/instances.lua")),
             admit: Script::new("admit", include_str!("../../lua/admit.lua")),
             settings_read: Script::new(
@@ -70,7 +72,7 @@ impl Scripts {
         }
     }
 
-    pub fn all(&self) -> [&Script; 15] {
+    pub fn all(&self) -> [&Script; 16] {
         [
             &self.enter,
             &self.poll,
@@ -81,6 +83,7 @@ impl Scripts {
             &self.sweep,
             &self.unlock,
             &self.setnx,
+            &self.claim,
             &self.instances,
             &self.admit,
             &self.settings_read,

@@ -13,9 +13,9 @@ use async_trait::async_trait;
 
 use super::liveness::Liveness;
 use super::{
-    Advance, AdvanceOutcome, EnterOutcome, Instances, Mint, Now, Part, PollOutcome, QueueStore,
-    Registering, StoreError, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS,
-    TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
+    Advance, AdvanceOutcome, ClaimTake, ClaimTerms, EnterOutcome, Instances, Mint, Now, Part,
+    PollOutcome, QueueStore, Registering, Settle, StoreError, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS,
+    RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
 use crate::sale::{FieldError, Sale, SaleDefaults, SalePatch, SaleState};
@@ -190,11 +190,22 @@ impl TargetState {
 const CLAIM_SWEEP_AT: usize = 10_000;
 
 /// The embedded single-instance store.
+/// One token's claim, as `claim.lua` keeps it.
+#[derive(Debug, Clone)]
+struct StoredClaim {
+    /// Until when the claim is kept (epoch ms).
+    expires: u64,
+    spent: bool,
+    /// The attempt holding it pending, and until when (epoch ms); None when given back.
+    pending: Option<(String, u64)>,
+    attempts: u32,
+}
+
 #[derive(Debug)]
 pub struct MemoryStore {
     targets: Mutex<Targets>,
-    /// Single-use claims: (target, token id) → (expiry (epoch ms), owner).
-    claims: Mutex<HashMap<(QueueTarget, String), (u64, String)>>,
+    /// Single-use claims (as `claim.lua`): (target, token id) → the claim.
+    claims: Mutex<HashMap<(QueueTarget, String), StoredClaim>>,
     max_targets: usize,
     /// What a sale is created with when its creator does not say (`[queue]`).
     defaults: SaleDefaults,
@@ -789,28 +800,102 @@ impl QueueStore for MemoryStore {
         target: QueueTarget,
         token_id: &str,
         owner: &str,
-        ttl: Duration,
+        terms: ClaimTerms,
+        now: Now,
+    ) -> Result<ClaimTake, StoreError> {
+        let mut claims = self.claims.lock();
+        let at = now.epoch_ms;
+        if claims.len() >= CLAIM_SWEEP_AT {
+            claims.retain(|_, c| c.expires > at);
+        }
+        let key = (target, token_id.to_string());
+        let c = claims
+            .entry(key)
+            .and_modify(|c| {
+                if c.expires <= at {
+                    c.spent = false;
+                    c.pending = None;
+                    c.attempts = 0;
+                }
+            })
+            .or_insert(StoredClaim {
+                expires: 0,
+                spent: false,
+                pending: None,
+                attempts: 0,
+            });
+        let lease_until = at.saturating_add(millis(terms.lease));
+        if c.spent {
+            return Ok(ClaimTake::Spent);
+        }
+        match &c.pending {
+            Some((holder, until)) if *until > at => {
+                if holder == owner {
+                    c.pending = Some((owner.to_string(), lease_until));
+                    return Ok(ClaimTake::Taken {
+                        attempts: c.attempts,
+                    });
+                }
+                return Ok(ClaimTake::InFlight);
+            }
+            _ => {}
+        }
+        if c.attempts >= terms.max_attempts {
+            return Ok(ClaimTake::Exhausted);
+        }
+        c.attempts += 1;
+        c.pending = Some((owner.to_string(), lease_until));
+        c.expires = c.expires.max(at.saturating_add(millis(terms.ttl)));
+        Ok(ClaimTake::Taken {
+            attempts: c.attempts,
+        })
+    }
+
+    async fn settle(
+        &self,
+        target: QueueTarget,
+        token_id: &str,
+        owner: &str,
+        settle: Settle,
+        terms: ClaimTerms,
         now: Now,
     ) -> Result<bool, StoreError> {
         let mut claims = self.claims.lock();
-        if claims.len() >= CLAIM_SWEEP_AT {
-            claims.retain(|_, (exp, _)| *exp > now.epoch_ms);
-        }
-        let expires = now.epoch_ms.saturating_add(millis(ttl));
+        let at = now.epoch_ms;
         let key = (target, token_id.to_string());
-        match claims.get(&key) {
-            Some((exp, held_by)) if *exp > now.epoch_ms => Ok(held_by == owner),
-            _ => {
-                claims.insert(key, (expires, owner.to_string()));
-                Ok(true)
-            }
+        if settle == Settle::Spend {
+            let c = claims.entry(key).or_insert(StoredClaim {
+                expires: 0,
+                spent: false,
+                pending: None,
+                attempts: 1,
+            });
+            c.spent = true;
+            c.pending = None;
+            c.expires = c.expires.max(at.saturating_add(millis(terms.ttl)));
+            return Ok(true);
         }
-    }
-
-    async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError> {
-        let mut claims = self.claims.lock();
-        claims.remove(&(target, token_id.to_string()));
-        Ok(())
+        let Some(c) = claims.get_mut(&key) else {
+            return Ok(false);
+        };
+        let Some((holder, until)) = c.pending.clone() else {
+            return Ok(false);
+        };
+        if c.spent || holder != owner {
+            return Ok(false);
+        }
+        match settle {
+            Settle::Renew if until > at => {
+                c.pending = Some((holder, at.saturating_add(millis(terms.lease))));
+            }
+            Settle::Renew => return Ok(false),
+            Settle::Undo => {
+                c.attempts = c.attempts.saturating_sub(1);
+                c.pending = None;
+            }
+            Settle::GiveBack | Settle::Spend => c.pending = None,
+        }
+        Ok(true)
     }
 
     async fn stored_token(

@@ -45,9 +45,9 @@ use super::scripts::{
     INSTANCES_PRESENCE_KEY, INSTANCES_RETIRED_KEY,
 };
 use super::{
-    Advance, EnterOutcome, Instances, Mint, Now, Part, PollOutcome, PresenceKind, QueueStore,
-    Registering, StoreError, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS,
-    TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
+    Advance, ClaimTake, ClaimTerms, EnterOutcome, Instances, Mint, Now, Part, PollOutcome,
+    PresenceKind, QueueStore, Registering, Settle, StoreError, ADVANCE_SAMPLES,
+    DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
 use crate::sale::{FieldError, Sale, SaleDefaults, SalePatch};
@@ -265,6 +265,26 @@ impl RedisStore {
 
     /// What a sale is created with when its creator does not say (`[queue]`): replicas may
     /// differ here, since a sale's parameters, once created, are read from Redis only.
+    /// One call of `claim.lua`.
+    async fn claim_call(
+        &self,
+        target: QueueTarget,
+        token_id: &str,
+        owner: &str,
+        op: &str,
+        terms: ClaimTerms,
+    ) -> Result<Value, StoreError> {
+        let key = TargetKeys::new(target).of(Key::Used(token_id));
+        let argv = vec![
+            op.into(),
+            owner.into(),
+            millis(terms.ttl).max(1).to_string().into(),
+            millis(terms.lease).max(1).to_string().into(),
+            terms.max_attempts.to_string().into(),
+        ];
+        self.eval(&self.scripts.claim, vec![key], argv).await
+    }
+
     pub fn with_sale_defaults(mut self, defaults: SaleDefaults) -> RedisStore {
         self.defaults = defaults;
         self
@@ -928,19 +948,28 @@ impl QueueStore for RedisStore {
         target: QueueTarget,
         token_id: &str,
         owner: &str,
-        ttl: Duration,
+        terms: ClaimTerms,
         _now: Now,
-    ) -> Result<bool, StoreError> {
-        let key = TargetKeys::new(target).of(Key::Used(token_id));
-        self.set_nx_px(key, owner, ttl).await
+    ) -> Result<ClaimTake, StoreError> {
+        let reply = self
+            .claim_call(target, token_id, owner, "take", terms)
+            .await?;
+        replies::claim_take(reply)
     }
 
-    async fn release(&self, target: QueueTarget, token_id: &str) -> Result<(), StoreError> {
-        let key = TargetKeys::new(target).of(Key::Used(token_id));
-        self.command("DEL", vec![key.into()])
-            .await
-            .map_err(store_err)?;
-        Ok(())
+    async fn settle(
+        &self,
+        target: QueueTarget,
+        token_id: &str,
+        owner: &str,
+        settle: Settle,
+        terms: ClaimTerms,
+        _now: Now,
+    ) -> Result<bool, StoreError> {
+        let reply = self
+            .claim_call(target, token_id, owner, settle.as_str(), terms)
+            .await?;
+        Ok(as_u64(&reply, "claim")? == 1)
     }
 
     async fn stored_token(
