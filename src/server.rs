@@ -49,6 +49,8 @@ pub enum StartError {
     AdminToken(String),
     #[error("identity keys: {0}")]
     Identity(String),
+    #[error("server.replica_name_env: {0}")]
+    ReplicaName(String),
     #[error("fail_open.claims_file `{path}`: {reason}")]
     ClaimsFile { path: String, reason: String },
 }
@@ -223,6 +225,11 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     let admin_token =
         crate::gateway::sales::AdminToken::from_env(state.config.server.admin_token_env.as_deref())
             .map_err(StartError::AdminToken)?;
+    let replica_name = state
+        .config
+        .server
+        .replica_name()
+        .map_err(StartError::ReplicaName)?;
     let mut admin = Service::new(
         "admin".to_string(),
         AdminApp::new(state.clone(), admin_token),
@@ -240,7 +247,7 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
             state.pacer.clone(),
             Arc::new(crate::clock::SystemClock),
         )
-        .with_name(&state.config.server.replica_name),
+        .with_name(&replica_name),
     ));
 
     if let Some(store) = redis_store {

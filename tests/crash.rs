@@ -297,3 +297,32 @@ fn with_a_batch_smaller_than_the_replicas_every_replica_admits_while_redis_is_do
         .count();
     assert_eq!(degraded_late, 0, "still degraded after Redis came back");
 }
+
+/// `serve` refuses to start when the replica name's variable is unset or holds no name; the other
+/// commands (an operator's CLI on another machine) never read it.
+#[test]
+fn serve_refuses_a_replica_name_variable_that_is_unset_or_not_a_name() {
+    let up = Upstream::start();
+    let mut cfg = test_config(up.addr);
+    cfg.server.replica_name_env = "VQ_REPLICA_NAME".into();
+    let dir = TempDir::new("name");
+    let path = dir.0.join("gateway.toml");
+    std::fs::write(&path, toml::to_string(&cfg).unwrap()).unwrap();
+    let path = path.to_str().unwrap();
+    for name in [None, Some("two words"), Some(&"x".repeat(65)[..])] {
+        let mut env = vec![("VQ_TOKEN_SECRET", TEST_SECRET)];
+        if let Some(n) = name {
+            env.push(("VQ_REPLICA_NAME", n));
+        }
+        let (code, _, err) = run_bin(&["serve", "--config", path], &env, Duration::from_secs(10));
+        assert_ne!(code, Some(0), "{name:?}");
+        assert!(err.contains("server.replica_name_env"), "{name:?}: {err}");
+    }
+    let (code, out, err) = run_bin(
+        &["check-config", "--config", path],
+        &[],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("OK"), "{out}");
+}

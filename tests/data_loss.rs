@@ -339,7 +339,9 @@ fn spent_tokens_replayed_under_overload_never_reach_the_backend() {
         series("virtual_queue_bypass_attempts_total{reason=\"claim_saturated\",route=\"/limited-drops/{id}/orders\"}"),
     );
     assert_eq!(bought(), 600, "a spent token reached the backend again");
-    assert!(statuses.values().sum::<u64>() >= 500, "{statuses:?}");
+    // Enough replays to matter (each waits on the slowed link and the flooded replica: 450–530
+    // answered in 12 s in the runs so far).
+    assert!(statuses.values().sum::<u64>() >= 300, "{statuses:?}");
     assert!(
         statuses.keys().all(|s| matches!(s, 403 | 503 | 0)),
         "{statuses:?}"

@@ -34,25 +34,18 @@ pub(super) fn server(s: &ServerSection) -> Result<ServerConfig, ConfigError> {
             Some(name.to_string())
         }
     };
-    let replica_name = match s.replica_name_env.as_str() {
-        "" => String::new(),
+    let replica_name_env = match s.replica_name_env.as_str() {
+        "" => None,
         name => {
             env_name("server.replica_name_env", name)?;
-            let value = std::env::var(name).map_err(|_| {
-                invalid(
-                    "server.replica_name_env",
-                    format!("the variable {name} is not set"),
-                )
-            })?;
-            replica_name("server.replica_name_env", &value)?;
-            value
+            Some(name.to_string())
         }
     };
     Ok(ServerConfig {
         listen,
         admin_listen,
         admin_token_env,
-        replica_name,
+        replica_name_env,
         threads: in_range("server.threads", s.threads as u64, 1, 256)? as usize,
         keepalive_idle: secs("server.keepalive_idle_s", s.keepalive_idle_s, 1, 3600)?,
         grace_period: secs("server.grace_period_s", s.grace_period_s, 0, 3600)?,
@@ -357,22 +350,6 @@ fn secs(key: &str, v: u64, lo: u64, hi: u64) -> Result<Duration, ConfigError> {
 fn nonzero_u32(key: &str, v: u64) -> Result<NonZeroU32, ConfigError> {
     let v = u32::try_from(v).map_err(|_| invalid(key, format!("{v} is too large")))?;
     NonZeroU32::new(v).ok_or_else(|| invalid(key, "must be at least 1"))
-}
-
-/// A replica name: 1 to 64 of letters, digits, `.`, `_` and `-`.
-fn replica_name(key: &str, v: &str) -> Result<(), ConfigError> {
-    let ok = !v.is_empty()
-        && v.len() <= 64
-        && v.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(invalid(
-            key,
-            "the replica name must be 1 to 64 letters, digits, '.', '_' or '-'",
-        ))
-    }
 }
 
 fn env_name(key: &str, v: &str) -> Result<(), ConfigError> {

@@ -59,8 +59,9 @@ pub struct ServerConfig {
     /// `server.admin_token_env`: the variable holding the admin writes' bearer token (`None`:
     /// admin writes are refused).
     pub admin_token_env: Option<String>,
-    /// This replica's stable name, read from `server.replica_name_env` at start (empty: none).
-    pub replica_name: String,
+    /// `server.replica_name_env`: the variable holding this replica's stable name (`None`: no
+    /// name). Read by `serve` (`ServerConfig::replica_name`), not by the other commands.
+    pub replica_name_env: Option<String>,
     pub threads: usize,
     pub keepalive_idle: Duration,
     pub grace_period: Duration,
@@ -146,6 +147,29 @@ pub struct TokenConfig {
     pub max_attempts: u32,
     /// The file still sets `token.release_on`, which is ignored (`RELEASE_ON_IGNORED`).
     pub release_on_ignored: bool,
+}
+
+impl ServerConfig {
+    /// This replica's stable name from `replica_name_env` (empty: none configured): 1 to 64 of
+    /// letters, digits, `.`, `_` and `-`.
+    pub fn replica_name(&self) -> Result<String, String> {
+        let Some(var) = &self.replica_name_env else {
+            return Ok(String::new());
+        };
+        let value = std::env::var(var).map_err(|_| format!("the variable {var} is not set"))?;
+        let ok = !value.is_empty()
+            && value.len() <= 64
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if ok {
+            Ok(value)
+        } else {
+            Err(format!(
+                "{var} must hold 1 to 64 letters, digits, '.', '_' or '-'"
+            ))
+        }
+    }
 }
 
 /// `[flag]`: the file's default of the run-time flag (Redis `queue:flag` overrides it).
