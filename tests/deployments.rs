@@ -93,6 +93,27 @@ fn redis_cli(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// How many instances the registry on `redis` saw with their presence subscription on this very
+/// server process (its run id: entries replicated from a former primary do not count).
+fn presence_seen(redis: &RedisServer) -> usize {
+    let info = redis.cmd(&["INFO", "server"]).as_str().unwrap_or_default();
+    let run_id = info
+        .lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .unwrap_or("?")
+        .trim()
+        .to_string();
+    redis
+        .cmd(&["HVALS", "{queue:instances}:presence"])
+        .as_vec()
+        .iter()
+        .filter(|v| {
+            v.as_str()
+                .is_some_and(|s| s.starts_with(&format!("{run_id}|")))
+        })
+        .count()
+}
+
 /// Degraded answers (and 5xx, failed connections) among the events that started in `[from, to)`.
 fn trouble(events: &[Event], from: u64, to: u64) -> (usize, usize) {
     let in_window = |e: &&Event| e.start_ms >= from && e.start_ms < to;
@@ -115,6 +136,14 @@ fn cluster_targets_spread_over_every_master_and_two_gateways_keep_the_bound() {
     let cluster = RedisCluster::start();
     let up = Upstream::start();
     let gws = gateways(&cluster.url(), &up);
+    // Each gateway's presence subscription (sharded) sits on the node of the registry's slot,
+    // where instances.lua sees it.
+    let registry = &cluster.nodes[cluster.owner(cluster.keyslot("queue:instances"))];
+    assert!(
+        wait_until(Duration::from_secs(10), || presence_seen(registry) == 2),
+        "{:?}",
+        registry.cmd(&["HGETALL", "{queue:instances}:presence"])
+    );
     // 50 targets, 8 users each, entered through both gateways.
     let targets: Vec<u64> = (1..=50).collect();
     let mut c = [gws[0].client(), gws[1].client()];
@@ -366,6 +395,17 @@ fn sentinel_switch(switch: Switch) {
     assert!(promoted, "the sentinels did not promote the replica");
     let promoted_ms = epoch_ms() - kill_at;
     assert_eq!(set.primary_port(), Some(set.replica.port));
+    // The presence subscriptions follow to the new primary (the registry there sees them again,
+    // so a replica that crashes now is still told from a cut-off one).
+    set.replica.forget_connection();
+    let followed = wait_until(Duration::from_secs(20), || {
+        presence_seen(&set.replica) == gws.len()
+    });
+    assert!(
+        followed,
+        "{:?}",
+        set.replica.cmd(&["HGETALL", "{queue:instances}:presence"])
+    );
     // Serving from the new primary: an enter through each gateway, answered by the store (not
     // degraded), is found on the promoted replica. (Sentinel closed our old connection to it.)
     set.replica.forget_connection();
