@@ -122,7 +122,8 @@ fn a_failed_purchase_is_answered_not_sent_again() {
     assert_eq!(posts, 1, "the purchase reached the backend twice");
 }
 
-/// The gateway process with a connection open to `backend` (the one forwarding a purchase now).
+/// The gateway process with a connection established to `backend` (the one forwarding a
+/// purchase now), as `ss` (iproute2) reports the sockets' processes.
 fn forwarding(gws: &[GatewayProc], backend: std::net::SocketAddr) -> Option<usize> {
     let out = std::process::Command::new("ss")
         .args(["-Htnp", "state", "established", "dst", &backend.to_string()])
@@ -187,16 +188,23 @@ fn a_purchase_in_flight_on_a_killed_replica_is_tried_again_through_nginx() {
             .unwrap()
             .status
     };
-    // The backend takes 5 s over this purchase; its replica dies meanwhile. (The first request
+    // The backend takes 8 s over this purchase; its replica dies meanwhile. (The first request
     // to the backend: the only gateway with a connection to it is the one forwarding it.)
     let first = {
         std::thread::scope(|s| {
-            let h = s.spawn(move || buy(&[("x-upstream-delay-ms", "5000")]));
+            let sent = common::load::epoch_ms();
+            let h = s.spawn(move || buy(&[("x-upstream-delay-ms", "8000")]));
             let mut victim = None;
-            assert!(wait_until(std::time::Duration::from_secs(5), || {
+            let found = wait_until(std::time::Duration::from_secs(5), || {
                 victim = forwarding(&gws, backend.addr);
                 victim.is_some()
-            }));
+            });
+            assert!(
+                found,
+                "no replica forwarding the purchase: gateways {:?}, sent at {sent} ms, the backend got it at {:?}",
+                gws.iter().map(|g| g.pid()).collect::<Vec<_>>(),
+                backend.requests().iter().map(|r| r.at_ms).collect::<Vec<_>>()
+            );
             let victim = victim.unwrap();
             gws[victim].signal("KILL");
             let _ = gws[victim].wait_exit(std::time::Duration::from_secs(5));
