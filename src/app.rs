@@ -12,7 +12,7 @@ use crate::failopen::Pacer;
 use crate::flag::Flag;
 use crate::metrics::Metrics;
 use crate::queue::QueueTarget;
-use crate::store::{GuardConfig, QueueStore, StoreGuard};
+use crate::store::{QueueStore, StoreGuard};
 use crate::token::TokenKeys;
 
 /// Everything a request may need, shared by all requests and the background services.
@@ -56,26 +56,14 @@ impl AppState {
         metrics: Metrics,
         identity: crate::identity::Identity,
     ) -> AppState {
-        let guard = StoreGuard::new(
-            store,
-            GuardConfig {
-                timeout: config.store.command_timeout,
-                max_in_flight: config.store.max_in_flight,
-            },
-            metrics.clone(),
-        );
-        let pacer = Pacer::new(crate::failopen::PacerConfig::from_config(
-            &config.fail_open,
-            &config.queue,
-            &config.store,
-        ));
+        let guard = StoreGuard::new(store, config.guard(), metrics.clone());
+        let pacer = Pacer::new(config.pacer());
         let registry = crate::registry::Registry::new(
             config.queue.targets,
             config.queue.unregistered_gated,
             config.queue.registered.clone(),
         );
-        let sales =
-            crate::sale::SaleBook::new(crate::sale::SaleDefaults::from_config(&config.queue));
+        let sales = crate::sale::SaleBook::new(config.sale_defaults());
         AppState {
             config,
             upstream,

@@ -10,7 +10,11 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub use crate::store::Now;
+/// Everything a request needs from the clock, read once per request.
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    pub epoch_ms: u64,
+}
 
 /// Wall-clock time, read once per request.
 pub fn now() -> Now {

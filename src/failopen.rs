@@ -85,20 +85,6 @@ pub struct PacerConfig {
 }
 
 impl PacerConfig {
-    pub fn from_config(
-        fo: &crate::config::FailOpenConfig,
-        q: &crate::config::QueueConfig,
-        st: &crate::config::StoreConfig,
-    ) -> PacerConfig {
-        PacerConfig {
-            tick_ms: crate::queue::millis(q.tick),
-            batch: q.batch_size.get(),
-            min_replicas: fo.min_replicas,
-            paced_for_ms: crate::queue::millis(fo.paced_for),
-            call_timeout_ms: crate::queue::millis(st.command_timeout),
-        }
-    }
-
     /// An instance that registered within this window counts as live.
     pub fn live_window_ms(&self) -> u64 {
         self.tick_ms.saturating_mul(3).max(REGISTRY_MIN_WINDOW_MS)

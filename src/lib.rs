@@ -4,9 +4,11 @@
 //! - `app`      — `AppState`, the shared state of a running gateway (built by `server`).
 //! - `background` — the Redis connection (start-up, health probe, claim write-back), the
 //!   run-time settings refresher (flag, registered sales) and the JWT key watcher.
-//! - `clock`    — the one clock: wall time for requests, `Clock` (real or virtual) for the pump.
+//! - `clock`    — the one clock: `Now` and wall time for requests, `Clock` (real or virtual) for
+//!   the pump.
 //! - `config`   — TOML file (`file.rs`, serde enums) → validated (`check.rs`) `Config`, one typed
-//!   part per subsystem (SPEC §8).
+//!   part per section (SPEC §8); `subsystems.rs` is the one place that turns it into the pump's,
+//!   the pacer's, the store guard's and the sales' own settings (they never import `config`).
 //! - `cli`      — `serve`, `check-config`, `flag show|set`, `target`, `sale`, `draw verify`,
 //!   `simulate`, `record-backend`.
 //! - `ops`      — the `flag`, `target` and `sale` commands: read and write them in Redis.
@@ -32,14 +34,16 @@
 //!   adopted, or written back when Redis lost them. No I/O.
 //! - `queue`    — pure domain: targets, positions, ETA, response JSON, the per-replica stats cache.
 //! - `store`    — `QueueStore` trait; `RedisStore` (`redis/`, Lua in `lua/`; script calls
-//!   pipelined on a connection per thread in `redis/pipe.rs`) and `MemoryStore` (`memory/`, the
+//!   pipelined on a connection per thread in `redis/pipe.rs`; the replica's presence connection
+//!   for the instance registry in `redis/presence.rs`) and `MemoryStore` (`memory/`, the
 //!   executable model of the scripts), heartbeat windows in `liveness.rs`, both behind
 //!   `StoreGuard` (deadlines, per-class in-flight limits, circuit breaker, health), which every
 //!   caller goes through.
 //! - `failopen` — what a replica does while its store cannot be used: the mode and the paced
 //!   budget. No I/O.
-//! - `claims`   — the single-use claims a replica remembers: those Redis recorded, and those taken
-//!   while it was down (journalled to disk in `claims/journal.rs`, written back later).
+//! - `claims`   — the single-use claims a replica remembers: in flight (their leases renewed by
+//!   `background`), spent, and those taken while Redis was down (journalled to disk in
+//!   `claims/journal.rs`, written back once spent).
 //! - `token`    — entry token mint/verify (HMAC-SHA256, SPEC §6). No I/O.
 //! - `flag`     — queue flag and rollout bucket evaluation (SPEC §7). No I/O.
 //! - `pump`     — admission pump background service: lock, advance, sweep (SPEC §5). Depends on

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{redact_url, Config, StoreBackend};
+use crate::config::{Config, StoreBackend};
 use crate::flag::{FlagState, FLAG_KEY, QUEUED_SINCE};
 use crate::queue::QueueTarget;
-use crate::sale::{Sale, SaleDefaults, SalePatch, SaleState};
+use crate::sale::{Sale, SalePatch, SaleState};
 use crate::settings::DocKind;
 use crate::store::{QueueStore, RedisStore, StoreError};
 
@@ -49,12 +49,12 @@ async fn connect(config: &Config) -> Result<Arc<RedisStore>, OpsError> {
         return Err(OpsError::NotRedis);
     };
     let store = Arc::new(
-        RedisStore::new(url, Duration::from_secs(2))
+        RedisStore::from_url(url, Duration::from_secs(2))
             .map_err(|e| OpsError::Store(e.to_string()))?
-            .with_sale_defaults(SaleDefaults::from_config(&config.queue)),
+            .with_sale_defaults(config.sale_defaults()),
     );
     if !store.connect(CONNECT_WITHIN).await {
-        return Err(OpsError::Unreachable(redact_url(url), CONNECT_WITHIN));
+        return Err(OpsError::Unreachable(url.describe(), CONNECT_WITHIN));
     }
     let deadline = tokio::time::Instant::now() + CONNECT_WITHIN;
     while tokio::time::Instant::now() < deadline {
@@ -63,7 +63,7 @@ async fn connect(config: &Config) -> Result<Arc<RedisStore>, OpsError> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Err(OpsError::Unreachable(redact_url(url), CONNECT_WITHIN))
+    Err(OpsError::Unreachable(url.describe(), CONNECT_WITHIN))
 }
 
 /// How recently a replica must have registered for the CLI to count it as running (it would

@@ -16,7 +16,6 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::clock::Clock;
-use crate::config::QueueConfig;
 use crate::failopen::Pacer;
 use crate::metrics::Metrics;
 use crate::queue::{millis, QueueTarget};
@@ -46,17 +45,6 @@ pub struct PumpConfig {
     pub batch_size: std::num::NonZeroU32,
     pub heartbeat_timeout: Duration,
     pub max_evict_per_tick: std::num::NonZeroU32,
-}
-
-impl PumpConfig {
-    pub fn from_config(c: &QueueConfig) -> PumpConfig {
-        PumpConfig {
-            tick: c.tick,
-            batch_size: c.batch_size,
-            heartbeat_timeout: c.heartbeat_timeout,
-            max_evict_per_tick: c.max_evict_per_tick,
-        }
-    }
 }
 
 /// The pump works on the store, its configuration, the metrics, the fail-open pacer (it tells it

@@ -11,8 +11,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::config::QueueConfig;
-use crate::queue::{millis, QueueTarget};
+use crate::queue::QueueTarget;
 
 /// The most users one admission step may admit.
 pub const MAX_BATCH: u64 = 1_000_000;
@@ -107,15 +106,6 @@ impl Default for SaleDefaults {
 }
 
 impl SaleDefaults {
-    pub fn from_config(q: &QueueConfig) -> SaleDefaults {
-        SaleDefaults {
-            batch_size: q.batch_size.get(),
-            tick_ms: millis(q.tick),
-            max_capacity: q.max_capacity.get(),
-            heartbeat_timeout_s: q.heartbeat_timeout.as_secs(),
-        }
-    }
-
     /// The sale an enter creates for a target nobody created.
     pub fn sale(&self, now_ms: u64) -> Sale {
         Sale {

@@ -122,8 +122,7 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     let mut conf = ServerConf {
         threads: config.server.threads,
         // One single-threaded runtime per worker thread: a request and its wake-ups stay on one
-        // thread. Measured on the queue API (benches/queue.sh, 2 threads): about +10 % enter
-        // req/s on both stores against the work-stealing runtime.
+        // thread (faster on the queue API than the work-stealing runtime: `benches/HISTORY.md`).
         work_stealing: false,
         grace_period_seconds: Some(config.server.grace_period.as_secs()),
         graceful_shutdown_timeout_seconds: Some(config.server.grace_period.as_secs().max(1)),
@@ -145,7 +144,7 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     };
     // The `[queue]` keys only seed sales created without them: a sale's own parameters live
     // in its hash (Redis) and every replica reads them from there.
-    let defaults = crate::sale::SaleDefaults::from_config(&config.queue);
+    let defaults = config.sale_defaults();
     let store: Arc<dyn QueueStore> = match &config.store.backend {
         StoreBackend::Memory => Arc::new(
             MemoryStore::new()
@@ -154,7 +153,7 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
         ),
         StoreBackend::Redis { url } => {
             let s = Arc::new(
-                RedisStore::new(url, config.store.command_timeout)
+                RedisStore::from_url(url, config.store.command_timeout)
                     .map_err(|e| StartError::Store(e.to_string()))?
                     .with_max_targets(max_targets)
                     .with_sale_defaults(defaults),
@@ -242,7 +241,7 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
         "admission pump",
         crate::pump::Pump::new(
             state.store.clone(),
-            crate::pump::PumpConfig::from_config(&state.config.queue),
+            state.config.pump(),
             state.metrics.clone(),
             state.pacer.clone(),
             Arc::new(crate::clock::SystemClock),

@@ -94,14 +94,12 @@ pub(super) fn upstream(u: &UpstreamSection) -> Result<UpstreamConfig, ConfigErro
 pub(super) fn store(st: &StoreSection) -> Result<StoreConfig, ConfigError> {
     let backend = match st.backend {
         StoreKind::Memory => StoreBackend::Memory,
-        StoreKind::Redis => {
-            if let Err(why) = crate::store::RedisUrl::parse(&st.redis_url) {
-                return Err(invalid("store.redis_url", why));
-            }
-            StoreBackend::Redis {
-                url: st.redis_url.clone(),
-            }
-        }
+        StoreKind::Redis => StoreBackend::Redis {
+            url: Box::new(
+                crate::store::RedisUrl::parse(&st.redis_url)
+                    .map_err(|why| invalid("store.redis_url", why))?,
+            ),
+        },
     };
     Ok(StoreConfig {
         backend,
@@ -147,7 +145,7 @@ pub(super) fn fail_open(
         claims_file,
     };
     let least = {
-        let c = crate::failopen::PacerConfig::from_config(&config, q, st);
+        let c = super::subsystems::pacer(&config, q, st);
         Duration::from_millis(c.pace_after_ms() + 3 * c.tick_ms)
     };
     config.paced_for = match fo.paced_for_s {

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 mod check;
 mod file;
+mod subsystems;
 
 pub use file::*;
 
@@ -89,10 +90,13 @@ pub struct UpstreamConfig {
 }
 
 /// Where the queue state lives.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum StoreBackend {
     Memory,
-    Redis { url: String },
+    /// The URL as parsed once, here (`store::RedisUrl`).
+    Redis {
+        url: Box<crate::store::RedisUrl>,
+    },
 }
 
 /// `[store]`: the backend and the budget of every call to it.
@@ -246,7 +250,7 @@ impl Config {
     /// The paced share and window, for the summary.
     fn pacing_summary(&self) -> String {
         let fo = &self.fail_open;
-        let c = crate::failopen::PacerConfig::from_config(fo, &self.queue, &self.store);
+        let c = self.pacer();
         let mut out = format!(
             " (paced share batch_size / max(replicas, {}); a replica cut off from the store paces from {} ms to {} ms after its last registration)",
             fo.min_replicas,
@@ -267,10 +271,7 @@ impl Config {
         let (s, q, t) = (&self.server, &self.queue, &self.token);
         let store = match &self.store.backend {
             StoreBackend::Memory => "memory (single instance only)".to_string(),
-            StoreBackend::Redis { url } => match crate::store::RedisUrl::parse(url) {
-                Ok(u) => format!("redis {}", u.describe()),
-                Err(_) => format!("redis {}", redact_url(url)),
-            },
+            StoreBackend::Redis { url } => format!("redis {}", url.describe()),
         };
         let routes: Vec<String> = self
             .gate
@@ -305,26 +306,6 @@ impl Config {
     }
 }
 
-/// Hides the passwords in a Redis URL (`redis://:pw@host` → `redis://***@host`; a
-/// `sentinelPassword` query value → `***`).
-pub fn redact_url(url: &str) -> String {
-    let mut out = match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
-        _ => url.to_string(),
-    };
-    if let Some(q) = out.find('?') {
-        let query: Vec<String> = out[q + 1..]
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((k, _)) if k.eq_ignore_ascii_case("sentinelPassword") => format!("{k}=***"),
-                _ => pair.to_string(),
-            })
-            .collect();
-        out = format!("{}?{}", &out[..q], query.join("&"));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,7 +320,7 @@ mod tests {
     #[test]
     fn empty_file_gives_documented_defaults() {
         let c = Config::from_toml("").unwrap();
-        assert_eq!(c.store.backend, StoreBackend::Memory);
+        assert!(matches!(c.store.backend, StoreBackend::Memory));
         assert_eq!(c.queue.tick, Duration::from_millis(2000));
         assert_eq!(c.queue.batch_size.get(), 100);
         assert_eq!(c.store.command_timeout, Duration::from_millis(150));
@@ -447,16 +428,6 @@ mod tests {
     fn hostnames_are_allowed_for_upstream() {
         let c = Config::from_toml("[upstream]\naddress = \"backend.internal:8081\"").unwrap();
         assert_eq!(c.upstream.address, "backend.internal:8081");
-    }
-
-    #[test]
-    fn redis_password_is_redacted() {
-        assert_eq!(redact_url("redis://:pw@h:1"), "redis://***@h:1");
-        assert_eq!(redact_url("redis://h:1"), "redis://h:1");
-        assert_eq!(
-            redact_url("redis-sentinel://:pw@h:1?sentinelServiceName=m&sentinelPassword=x"),
-            "redis-sentinel://***@h:1?sentinelServiceName=m&sentinelPassword=***"
-        );
     }
 
     #[test]

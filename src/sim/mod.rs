@@ -181,7 +181,8 @@ pub struct SimArgs {
     /// The gateways' `queue.heartbeat_timeout_s` (when an abandoned user stops taking slots).
     #[arg(long, default_value_t = 60)]
     pub heartbeat_timeout_s: u64,
-    /// URL of `record-backend`'s `/_record`: count purchases where they arrive, not where sent.
+    /// `record-backend`'s base URL (or its `/_record` URL): count purchases where they arrive,
+    /// not where sent.
     #[arg(long)]
     pub backend_record: Option<String>,
     /// Directory for `report.json` and `chart.svg`.
@@ -261,8 +262,10 @@ impl SimArgs {
             return usage("--max-duration-s must be at least 1");
         }
         if let Some(r) = &self.backend_record {
-            if reqwest::Url::parse(r).is_err() {
-                return usage("--backend-record is not a valid URL");
+            if record_url(r).is_none() {
+                return usage(
+                    "--backend-record takes record-backend's base URL (http://host:port) or its /_record URL",
+                );
             }
         }
         Ok(())
@@ -406,7 +409,7 @@ async fn simulate(args: &SimArgs) -> Result<Report, SimError> {
     ctx.stop_sampling();
     let (stats, stats_failed) = sampler.await.unwrap_or_default();
     let backend = match &args.backend_record {
-        Some(url) => Some(fetch_record(&client, url).await),
+        Some(url) => Some(fetch_record(&client, &record_url(url).unwrap_or_default()).await),
         None => None,
     };
     Ok(Report::build(
@@ -452,6 +455,21 @@ async fn sample_stats(ctx: Arc<Ctx>, sales: Vec<Sale>, user: u64) -> (Vec<StatsS
 }
 
 /// The backend's record, or why it could not be read (the run's report is written either way).
+/// The `/_record` URL of record-backend given its base URL or that URL itself; None for anything
+/// else (another path would answer something that is not a record).
+fn record_url(given: &str) -> Option<String> {
+    let mut url = reqwest::Url::parse(given).ok()?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return None;
+    }
+    match url.path() {
+        "" | "/" => url.set_path("/_record"),
+        "/_record" => {}
+        _ => return None,
+    }
+    Some(url.to_string())
+}
+
 async fn fetch_record(client: &reqwest::Client, url: &str) -> Result<backend::Record, String> {
     let fail = |e: String| format!("cannot read the backend record at {url}: {e}");
     let r = client
@@ -549,6 +567,24 @@ mod tests {
     }
 
     #[test]
+    fn the_backend_record_takes_the_base_url_or_the_record_url() {
+        for given in [
+            "http://127.0.0.1:9000",
+            "http://127.0.0.1:9000/",
+            "http://127.0.0.1:9000/_record",
+        ] {
+            assert_eq!(
+                record_url(given).as_deref(),
+                Some("http://127.0.0.1:9000/_record"),
+                "{given}"
+            );
+        }
+        for bad in ["http://127.0.0.1:9000/x", "ftp://h/", "not a url"] {
+            assert_eq!(record_url(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
     fn bad_arguments_are_refused_with_a_reason() {
         for extra in [
             &["--abandon", "0.7", "--leave", "0.5"][..],
@@ -557,6 +593,7 @@ mod tests {
             &["--connections", "0"],
             &["--spike-rate", "NaN"],
             &["--backend-record", "not a url"],
+            &["--backend-record", "http://127.0.0.1:9000/orders"],
         ] {
             let e = args(extra).validate().unwrap_err();
             assert!(matches!(e, SimError::Usage(_)), "{extra:?}");

@@ -345,11 +345,8 @@ impl Part {
     }
 }
 
-/// Everything a request needs from the clock, read once per request.
-#[derive(Debug, Clone, Copy)]
-pub struct Now {
-    pub epoch_ms: u64,
-}
+/// The clock's reading the store's operations take (`clock.rs`).
+pub use crate::clock::Now;
 
 #[async_trait]
 pub trait QueueStore: Send + Sync + 'static {

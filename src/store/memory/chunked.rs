@@ -1,10 +1,9 @@
 //! A growable array kept in chunks of `CHUNK` entries: a push never moves the entries already
 //! there. The memory store's seq slots and Fenwick tree grow by one entry per new user, under
 //! the target's lock. As one `Vec` each, every doubling copied the whole array into freshly
-//! allocated memory while every call of the target waited: on the 2026-12-05 box a push that
-//! doubled two such arrays of a million entries took 57 ms, of four million 122 ms
-//! (`benches/HISTORY.md`, eighth stop). In chunks the first grows like a `Vec` up to `CHUNK`
-//! entries (so a target with few users stays small) and each later one is allocated whole, once.
+//! allocated memory while every call of the target waited (tens of milliseconds at a million
+//! entries: `benches/HISTORY.md`). In chunks the first grows like a `Vec` up to `CHUNK` entries
+//! (so a target with few users stays small) and each later one is allocated whole, once.
 
 /// Entries per chunk: 128 KiB of `u64`.
 const CHUNK_BITS: u32 = 14;

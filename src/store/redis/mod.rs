@@ -121,8 +121,16 @@ impl RedisStore {
     pub fn new(url: &str, command_timeout: Duration) -> Result<RedisStore, StoreError> {
         let parsed = RedisUrl::parse(url)
             .map_err(|e| StoreError::Protocol(format!("bad redis url: {e}")))?;
-        let deployment = parsed.deployment;
-        let mut config = parsed.config;
+        RedisStore::from_url(&parsed, command_timeout)
+    }
+
+    /// The same, from a URL the configuration already parsed.
+    pub fn from_url(
+        parsed: &RedisUrl,
+        command_timeout: Duration,
+    ) -> Result<RedisStore, StoreError> {
+        let deployment = parsed.deployment.clone();
+        let mut config = parsed.config.clone();
         // Keep trying when Redis is not there at start (the gateway fails open meanwhile).
         config.fail_fast = false;
         let heard = Arc::new(std::sync::atomic::AtomicU64::new(0));
