@@ -1,10 +1,9 @@
-//! `RedisStore`: all queue state in Redis (SPEC §9), shared by every gateway replica.
-//!
-//! Scripts run with `EVALSHA`, sent as a custom command through `with_options` so the per-call
-//! timeout and fail-fast options apply (fred 10 ignores options on its typed `evalsha`); a
-//! `NOSCRIPT` reply (a restarted or flushed Redis) loads the script and retries once, never
-//! reaching the caller. Every call is bounded by `command_timeout`; a disconnected client fails at
-//! once instead of queueing. Timeouts, refusals under `maxmemory` and disconnections come back as
+//! `RedisStore`: all queue state in Redis (SPEC §9), shared by every gateway replica. This file
+//! holds the store's operations; how a script call reaches the right server (`EVALSHA` on the
+//! deployment's pipelined connections, a `NOSCRIPT` reply from a restarted or flushed Redis
+//! loading the script and retrying once, never reaching the caller) is `dispatch.rs`. Other
+//! commands go through fred with the per-call timeout and fail-fast options. Every call is
+//! bounded by `command_timeout`; a disconnected client fails at once instead of queueing. Timeouts, refusals under `maxmemory` and disconnections come back as
 //! distinct `StoreError`s; what to do about them (breaker, deadlines, fail-open) is `StoreGuard`'s
 //! business, not this file's.
 //!
@@ -27,6 +26,7 @@ use fred::types::{ClusterHash, CustomCommand};
 
 mod batch;
 mod cluster;
+mod dispatch;
 mod pipe;
 mod presence;
 mod sentinel;
@@ -34,8 +34,9 @@ mod settings;
 pub mod url;
 
 use batch::{BatchKey, Kind};
-use cluster::{ClusterError, ClusterPipes};
-use pipe::{PipeError, Pipes};
+use cluster::ClusterPipes;
+use dispatch::{store_err, Caller, Dispatch, CLUSTER_ATTEMPTS};
+use pipe::Pipes;
 use sentinel::SentinelWatch;
 use url::{Deployment, RedisUrl};
 
@@ -55,18 +56,6 @@ use crate::sale::{FieldError, Sale, SaleDefaults, SalePatch};
 /// How often one instance re-adds a target it serves to `queue:active` (the pump drops targets
 /// whose keys expired, so a live target must be re-registered now and then).
 const ACTIVE_REFRESH: Duration = Duration::from_secs(10);
-
-/// Where script calls go: pipelined connections per proxy thread (`pipe.rs`), to the one
-/// server, to the primary fred follows through Sentinel, or to every cluster primary. fred keeps
-/// the rest: start-up, script loading, operator commands, and finding the Sentinel's primary.
-enum Route {
-    Direct(Pipes),
-    Primary(Pipes),
-    Cluster(Box<ClusterPipes>),
-}
-
-/// Write attempts per call in a cluster: the first try and up to two MOVED/ASK redirections.
-const CLUSTER_ATTEMPTS: u32 = 3;
 
 /// The key the health probe writes (`SET NX PX 1000`).
 const PROBE_KEY: &str = "queue:probe";
@@ -96,20 +85,6 @@ pub struct RedisStore {
     presence_config: fred::types::config::Config,
 }
 
-/// Script calls: where they go and how they get there.
-struct Caller {
-    client: Client,
-    /// Where script calls go.
-    route: Route,
-    /// Sentinel: asks the sentinels which server is the primary.
-    watch: Option<Arc<SentinelWatch>>,
-    /// The watch's version the pipelined connections point at.
-    followed: std::sync::atomic::AtomicU64,
-    /// Sentinel: the primary the pipelined connections point at, as fred last reported it.
-    primary: Mutex<Option<fred::types::config::Server>>,
-    command_timeout: Duration,
-}
-
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore").finish_non_exhaustive()
@@ -134,15 +109,15 @@ impl RedisStore {
         // Keep trying when Redis is not there at start (the gateway fails open meanwhile).
         config.fail_fast = false;
         let heard = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let route = match deployment {
+        let dispatch = match deployment {
             Deployment::Single => {
-                Route::Direct(Pipes::for_config(&config).with_heard(heard.clone()))
+                Dispatch::Direct(Pipes::for_config(&config).with_heard(heard.clone()))
             }
             Deployment::Sentinel { .. } => {
-                Route::Primary(Pipes::new(String::new(), &config).with_heard(heard.clone()))
+                Dispatch::Primary(Pipes::new(String::new(), &config).with_heard(heard.clone()))
             }
             Deployment::Cluster => {
-                Route::Cluster(Box::new(ClusterPipes::new(&config, heard.clone())))
+                Dispatch::Cluster(Box::new(ClusterPipes::new(&config, heard.clone())))
             }
         };
         // In a cluster every MOVED/ASK redirection costs fred one write attempt: allow a few,
@@ -173,7 +148,7 @@ impl RedisStore {
         let watch = SentinelWatch::new(&sentinel_config, client.clone()).map(Arc::new);
         let caller = Arc::new(Caller {
             client: client.clone(),
-            route,
+            dispatch,
             watch,
             followed: std::sync::atomic::AtomicU64::new(0),
             primary: Mutex::new(None),
@@ -378,176 +353,6 @@ impl RedisStore {
             self.admit_and_note(target).await?;
         }
         Ok(())
-    }
-}
-
-impl Caller {
-    /// Runs `script` on the server that holds its keys (its first key's slot in a cluster).
-    async fn eval(
-        &self,
-        script: &Script,
-        keys: &[String],
-        argv: &[Value],
-    ) -> Result<Value, StoreError> {
-        match &self.route {
-            Route::Direct(pipes) => self.eval_piped(pipes, script, keys, argv).await,
-            Route::Primary(pipes) => {
-                self.follow_primary(pipes)?;
-                self.eval_piped(pipes, script, keys, argv).await
-            }
-            Route::Cluster(cluster) => self.eval_cluster(cluster, script, keys, argv).await,
-        }
-    }
-
-    /// `eval` on this thread's pipelined connection, within the command timeout.
-    async fn eval_piped(
-        &self,
-        pipes: &Pipes,
-        script: &Script,
-        keys: &[String],
-        argv: &[Value],
-    ) -> Result<Value, StoreError> {
-        let argv: Vec<std::borrow::Cow<'_, [u8]>> = argv.iter().map(arg_bytes).collect();
-        let nkeys = keys.len().to_string();
-        let args = evalsha_args(script, &nkeys, keys, &argv);
-        let piped_err = |e: Option<PipeError>| match e {
-            None => StoreError::Timeout,
-            Some(PipeError::Redis(e) | PipeError::Unavailable(e)) => failure(e),
-        };
-        match self.call_piped(pipes, &args).await {
-            Err(Some(PipeError::Redis(e))) if e.starts_with("NOSCRIPT") => {
-                let load: [&[u8]; 3] = [b"SCRIPT", b"LOAD", script.source.as_bytes()];
-                self.call_piped(pipes, &load).await.map_err(piped_err)?;
-                self.call_piped(pipes, &args).await.map_err(piped_err)
-            }
-            other => other.map_err(piped_err),
-        }
-    }
-
-    /// Points the pipelined connections at the primary the sentinels name (`sentinel.rs`: asked
-    /// every 100 ms), or, until they answered, at the server fred is connected to.
-    fn follow_primary(&self, pipes: &Pipes) -> Result<(), StoreError> {
-        if let Some(watch) = &self.watch {
-            watch.check_soon();
-            let version = watch.version();
-            if version != 0 {
-                if self.followed.load(std::sync::atomic::Ordering::Acquire) != version {
-                    if let Some(addr) = watch.primary() {
-                        pipes.retarget(&addr);
-                    }
-                    self.followed
-                        .store(version, std::sync::atomic::Ordering::Release);
-                }
-                return Ok(());
-            }
-        }
-        // The sentinels were not reached yet: where fred is connected.
-        let Some(server) = self.client.active_connections().into_iter().next() else {
-            return Err(StoreError::Unavailable(
-                "no connection to a primary (asking the sentinels)".into(),
-            ));
-        };
-        let mut known = self.primary.lock();
-        if known.as_ref() != Some(&server) {
-            pipes.retarget(&format!("{}:{}", server.host, server.port));
-            *known = Some(server);
-        }
-        Ok(())
-    }
-
-    /// `eval` on the cluster node serving the call's slot, within the command timeout.
-    async fn eval_cluster(
-        &self,
-        cluster: &ClusterPipes,
-        script: &Script,
-        keys: &[String],
-        argv: &[Value],
-    ) -> Result<Value, StoreError> {
-        let Some(first) = keys.first() else {
-            return Err(StoreError::Protocol(format!(
-                "{}: a script call without keys has no slot",
-                script.name
-            )));
-        };
-        let argv: Vec<std::borrow::Cow<'_, [u8]>> = argv.iter().map(arg_bytes).collect();
-        let nkeys = keys.len().to_string();
-        let mut args = evalsha_args(script, &nkeys, keys, &argv);
-        let deadline = Instant::now() + self.command_timeout;
-        let cluster_err = |e: ClusterError| match e {
-            ClusterError::Timeout => StoreError::Timeout,
-            ClusterError::Redis(e) | ClusterError::Unavailable(e) => failure(e),
-        };
-        match cluster.call(first.as_bytes(), &args, deadline).await {
-            Err(ClusterError::Redis(e)) if e.starts_with("NOSCRIPT") => {
-                // A restarted or flushed node: EVAL runs the script there and caches it.
-                args[0] = b"EVAL";
-                args[1] = script.source.as_bytes();
-                cluster
-                    .call(first.as_bytes(), &args, deadline)
-                    .await
-                    .map_err(cluster_err)
-            }
-            other => other.map_err(cluster_err),
-        }
-    }
-
-    /// One pipelined command within the command timeout (`Err(None)`: timed out).
-    async fn call_piped(&self, pipes: &Pipes, args: &[&[u8]]) -> Result<Value, Option<PipeError>> {
-        match tokio::time::timeout(self.command_timeout, pipes.call(args)).await {
-            Err(_) => Err(None),
-            Ok(r) => r.map_err(Some),
-        }
-    }
-}
-
-/// `EVALSHA sha numkeys key... arg...` as the bytes sent.
-fn evalsha_args<'a>(
-    script: &'a Script,
-    nkeys: &'a str,
-    keys: &'a [String],
-    argv: &'a [std::borrow::Cow<'a, [u8]>],
-) -> Vec<&'a [u8]> {
-    let mut args: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + argv.len());
-    args.push(b"EVALSHA");
-    args.push(script.sha.as_bytes());
-    args.push(nkeys.as_bytes());
-    args.extend(keys.iter().map(|k| k.as_bytes()));
-    args.extend(argv.iter().map(|a| a.as_ref()));
-    args
-}
-
-/// A script argument as the bytes sent.
-fn arg_bytes(v: &Value) -> std::borrow::Cow<'_, [u8]> {
-    match v {
-        Value::String(s) => std::borrow::Cow::Borrowed(s.as_bytes()),
-        Value::Bytes(b) => std::borrow::Cow::Borrowed(b.as_ref()),
-        Value::Integer(i) => std::borrow::Cow::Owned(i.to_string().into_bytes()),
-        other => std::borrow::Cow::Owned(
-            other
-                .as_str()
-                .map(|s| s.into_owned())
-                .unwrap_or_default()
-                .into_bytes(),
-        ),
-    }
-}
-
-/// A fred error as the guard needs to see it: silence, a refusal for memory, or unreachable.
-fn store_err(e: Error) -> StoreError {
-    if *e.kind() == ErrorKind::Timeout {
-        StoreError::Timeout
-    } else {
-        failure(e.details().to_string())
-    }
-}
-
-/// A failure that was not a timeout, on either path (fred or pipelined): a refusal for memory
-/// (`OOM ...`), or the store is unavailable.
-fn failure(details: String) -> StoreError {
-    if details.starts_with("OOM") {
-        StoreError::OutOfMemory
-    } else {
-        StoreError::Unavailable(details)
     }
 }
 
@@ -1075,9 +880,9 @@ impl QueueStore for RedisStore {
     }
 
     async fn reconnect(&self) {
-        match &self.caller.route {
-            Route::Direct(pipes) | Route::Primary(pipes) => pipes.reconnect(),
-            Route::Cluster(cluster) => cluster.reconnect(),
+        match &self.caller.dispatch {
+            Dispatch::Direct(pipes) | Dispatch::Primary(pipes) => pipes.reconnect(),
+            Dispatch::Cluster(cluster) => cluster.reconnect(),
         }
         if let Err(e) = self.client.force_reconnection().await {
             tracing::debug!(error = %e.details(), "reconnect failed; fred keeps retrying");
