@@ -1,5 +1,5 @@
 #!lua flags=allow-oom
--- instances.lua: the instance registry. Every gateway's pump records itself here each tick
+-- instances.lua: the replica roster. Every gateway's pump records itself here each tick
 -- (while its store answers) with the slice of the batch it would admit per tick if it were cut
 -- off from Redis (`share.rs`), and removes itself on a clean shutdown. The answers: instances
 -- seen within the live window (the replica count), within the longer recent window, and the
@@ -18,9 +18,9 @@
 -- Slices: the recorded slices are disjoint. An instance asks for a slice (the seat this script
 -- last told it, `desired`) and is recorded with the largest piece of it that no other member
 -- holds and that contains what it held of it; the gateway paces with what it held of the slice
--- it asked for when an answer is lost, which the registry then holds either way.
+-- it asked for when an answer is lost, which the roster then holds either way.
 --
--- The registry also carries each instance's heartbeat credit: how long its users could not
+-- The roster also carries each instance's heartbeat credit: how long its users could not
 -- heartbeat through it (a store outage, or polls it refused for saturation). Every pump's sweep
 -- credits the largest one the live instances report.
 --

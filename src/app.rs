@@ -1,5 +1,5 @@
 //! The shared state of a running gateway: the validated configuration, the guarded store, the
-//! token keys, the flag, identity and registry, the fail-open pieces and the metrics. Built once
+//! token keys, the flag, identity and allowed sales, the fail-open pieces and the metrics. Built once
 //! by `server::build` and shared by the proxy, the admin listener and the background services,
 //! none of which depends on another.
 
@@ -31,7 +31,7 @@ pub struct AppState {
     /// Who the user is (`[identity]`).
     pub identity: crate::identity::Identity,
     /// Which targets may have a queue (`queue.targets`).
-    pub registry: crate::registry::Registry,
+    pub allowed: crate::allowed::AllowedSales,
     pub stats_cache: crate::queue::stats_cache::StatsCache,
     /// Each sale's parameters as this replica last read them (`sale.rs`).
     pub sales: crate::sale::SaleBook,
@@ -58,7 +58,7 @@ impl AppState {
     ) -> AppState {
         let guard = StoreGuard::new(store, config.guard(), metrics.clone());
         let pacer = Pacer::new(config.pacer());
-        let registry = crate::registry::Registry::new(
+        let allowed = crate::allowed::AllowedSales::new(
             config.queue.targets,
             config.queue.unregistered_gated,
             config.queue.registered.clone(),
@@ -74,7 +74,7 @@ impl AppState {
             pacer: Arc::new(pacer),
             claims: Claims::in_memory(),
             identity,
-            registry,
+            allowed,
             stats_cache: Default::default(),
             sales,
             draining: Default::default(),

@@ -42,7 +42,7 @@ pub struct SettingsRefresher {
     pub defaults: FlagState,
     flag: Mutex<Tracker>,
     targets: Mutex<Tracker>,
-    /// Problems already logged (bad flag fields, invalid registry members), so each is logged
+    /// Problems already logged (bad flag fields, invalid members of the allowed sales), so each is logged
     /// when it appears rather than every second.
     reported: Mutex<(Vec<String>, Vec<String>)>,
     /// The registered sales' parameters as last read (`queue:{T}:sale`), written back when Redis
@@ -238,7 +238,7 @@ impl SettingsRefresher {
             }
             DocKind::Targets => {
                 let members: Vec<String> = doc.items.iter().map(|(m, _)| m.clone()).collect();
-                let bad = self.state.registry.set_dynamic(&members);
+                let bad = self.state.allowed.set_dynamic(&members);
                 self.state
                     .metrics
                     .registered_invalid

@@ -6,14 +6,14 @@
 //!   itself: per target and tick it lets through at most what its *slice* of the batch admits in
 //!   that tick (`share.rs`: disjoint slices never admit more than the batch together in any
 //!   tick, and a batch smaller than the replica count rotates between them). Each registration
-//!   asks the instance registry for the seat the registry last told it (`instances.lua`), and
-//!   the registry records the largest piece of it no other member holds: the recorded slices
+//!   asks the replica roster for the seat the roster last told it (`instances.lua`), and
+//!   the roster records the largest piece of it no other member holds: the recorded slices
 //!   never overlap. Each pump holds back what the slices of the replicas that stopped
 //!   registering admit (they may be cut off from Redis and pacing) for `paced_for` after their
-//!   last registration, unless the registry knows them gone (their presence connection closed:
+//!   last registration, unless the roster knows them gone (their presence connection closed:
 //!   the process died; or a newer instance with their replica name registered). A replica paces
 //!   only while every pump is sure to be doing that:
-//!   - not before `pace_after` (4 command timeouts + the registry's live window + a tick) has
+//!   - not before `pace_after` (4 command timeouts + the roster's live window + a tick) has
 //!     passed since it last sent a registration (until then a pump may still count it live and
 //!     admit the whole batch); its pump sends none, and admits nobody, while its store is failing;
 //!   - not after `paced_for − 2 ticks` since the last registration Redis confirmed (from then on
@@ -22,10 +22,10 @@
 //!   - never before its first confirmed registration (nobody holds anything back for it), and
 //!     never in a tick in which the store still answered it;
 //!   - with what it held of the slice it last asked for, should that registration's answer be
-//!     lost (the registry then holds that part either way).
+//!     lost (the roster then holds that part either way).
 //!
 //!   The pump (`pump.rs`) keeps its side: an advance is sent only within the tick of the
-//!   registry reading it relies on, and not in a tick in which its own replica paced; a pump
+//!   roster reading it relies on, and not in a tick in which its own replica paced; a pump
 //!   whose registration failed admits only what its own recorded slice admits.
 //!
 //!   So in every tick a pump's batch plus what the slices it holds back admit is at most the
@@ -66,11 +66,11 @@ impl FailOpenMode {
 /// How many targets a replica keeps a local budget for at once (clients choose target ids).
 const MAX_PACED_TARGETS: usize = 4096;
 
-/// An instance counts as live in the registry if it registered within 3 ticks, and never less
+/// An instance counts as live in the roster if it registered within 3 ticks, and never less
 /// than this (short test ticks would otherwise drop live instances between two ticks).
 const REGISTRY_MIN_WINDOW_MS: u64 = 2000;
 
-/// The timing the pacer and the instance registry share.
+/// The timing the pacer and the replica roster share.
 #[derive(Debug, Clone, Copy)]
 pub struct PacerConfig {
     pub tick_ms: u64,
@@ -92,7 +92,7 @@ impl PacerConfig {
 
     /// How long after its last registration attempt a cut-off replica waits before pacing: until
     /// the attempt can no longer land (a command timeout), every pump has stopped counting it
-    /// live (the live window), and the longest a pump admits by one registry reading has passed
+    /// live (the live window), and the longest a pump admits by one roster reading has passed
     /// (`pump.rs` reads again after a quarter tick, and sends advances by a reading only within
     /// the tick it was read in; a visit that began before then takes a lock, advances, may wait
     /// up to a quarter tick and advance again: under a tick and three command timeouts).
@@ -104,7 +104,7 @@ impl PacerConfig {
     }
 
     /// How long after its last confirmed registration a replica stops pacing: two ticks before
-    /// the pumps forget it (one for the tick a pump's registry read covers, one for rounding to
+    /// the pumps forget it (one for the tick a pump's roster reading covers, one for rounding to
     /// tick boundaries).
     pub fn pace_until_ms(&self) -> u64 {
         self.paced_for_ms
@@ -115,7 +115,7 @@ impl PacerConfig {
 #[derive(Debug)]
 pub struct Pacer {
     cfg: PacerConfig,
-    /// The live or recent replica count the registry last gave; 0 while never learned.
+    /// The live or recent replica count the roster last gave; 0 while never learned.
     replicas: AtomicU32,
     registration: Mutex<Registration>,
     budgets: Mutex<Budgets>,
@@ -125,15 +125,15 @@ pub struct Pacer {
     sales: Mutex<HashMap<QueueTarget, (u32, u64)>>,
 }
 
-/// This replica's standing in the instance registry, as far as it knows.
+/// This replica's standing in the replica roster, as far as it knows.
 #[derive(Debug, Default)]
 struct Registration {
-    /// The slice the registry holds for this replica whatever became of the attempts whose
+    /// The slice the roster holds for this replica whatever became of the attempts whose
     /// answer was lost: the one the last confirmed registration recorded, cut to the slice each
     /// attempt since asked for (an attempt records a piece of what it asked for that contains
     /// what it held of it).
     slice: Slice,
-    /// The seat the registry last told this replica to ask for.
+    /// The seat the roster last told this replica to ask for.
     desired: Slice,
     /// When the last registration Redis confirmed was sent (epoch ms).
     confirmed_ms: Option<u64>,
@@ -238,12 +238,12 @@ impl Pacer {
         &self.cfg
     }
 
-    /// The replica count the registry last gave (0: never learned).
+    /// The replica count the roster last gave (0: never learned).
     pub fn replicas(&self) -> u32 {
         self.replicas.load(Ordering::Relaxed)
     }
 
-    /// The slice this replica asks for at its next registration: the seat the registry last
+    /// The slice this replica asks for at its next registration: the seat the roster last
     /// told it (nothing before it heard one).
     pub fn slice_to_ask(&self) -> Slice {
         self.registration.lock().desired
@@ -257,7 +257,7 @@ impl Pacer {
     }
 
     /// The registration sent at `sent_ms` recorded `recorded` and told this replica to ask for
-    /// `desired` next; the registry counted `replicas` live or recent instances.
+    /// `desired` next; the roster counted `replicas` live or recent instances.
     pub fn registered(&self, recorded: Slice, desired: Slice, sent_ms: u64, replicas: u32) {
         let mut r = self.registration.lock();
         r.slice = recorded;
@@ -266,7 +266,7 @@ impl Pacer {
         self.replicas.store(replicas, Ordering::Relaxed);
     }
 
-    /// The slice the registry surely holds for this replica at `now_ms`: none once the registry
+    /// The slice the roster surely holds for this replica at `now_ms`: none once the roster
     /// may have forgotten it (after `pace_until` past its last confirmed registration).
     pub fn own_slice(&self, now_ms: u64) -> Slice {
         let r = self.registration.lock();
@@ -479,7 +479,7 @@ mod tests {
     const PACING: u64 = 50_000;
 
     #[test]
-    fn the_slice_asked_for_is_the_seat_the_registry_told() {
+    fn the_slice_asked_for_is_the_seat_the_roster_told() {
         let p = Pacer::new(config(2000, 100, 1));
         assert_eq!(p.slice_to_ask(), Slice::EMPTY, "never told: nothing");
         p.registered(Slice::EMPTY, seat0(3), 0, 3);
@@ -521,7 +521,7 @@ mod tests {
         assert_eq!(
             p.own_slice(120_000),
             Slice::EMPTY,
-            "the registry may have forgotten it"
+            "the roster may have forgotten it"
         );
         // A slice is never paced with before it is confirmed.
         p.registering(half, 70_000);

@@ -25,7 +25,7 @@
 //! - `headers`  — strict reading of single-valued request headers, used by every reader.
 //! - `identity` — who the user is: `X-User-Id` from a trusted load balancer, or a verified JWT.
 //! - `share`    — slices of a sale's batch: what a cut-off replica may pace, and the pumps hold back.
-//! - `registry` — which targets may have a queue (`any` or `registered`).
+//! - `allowed`  — the allowed sales: which targets may have a queue (`any` or `registered`).
 //! - `sale`     — a sale's parameters (the one source of truth is its hash in Redis, read by the
 //!   scripts): parsing, validation, merging, and each replica's book of what it last read. No I/O.
 //! - `draw`     — the pre-queue's draw at a sale's opening: seed, commitment, the reproducible
@@ -35,7 +35,7 @@
 //! - `queue`    — pure domain: targets, positions, ETA, response JSON, the per-replica stats cache.
 //! - `store`    — `QueueStore` trait; `RedisStore` (`redis/`, Lua in `lua/`; script calls
 //!   pipelined on a connection per thread in `redis/pipe.rs`; the replica's presence connection
-//!   for the instance registry in `redis/presence.rs`) and `MemoryStore` (`memory/`, the
+//!   for the replica roster in `redis/presence.rs`) and `MemoryStore` (`memory/`, the
 //!   executable model of the scripts), heartbeat windows in `liveness.rs`, both behind
 //!   `StoreGuard` (deadlines, per-class in-flight limits, circuit breaker, health), which every
 //!   caller goes through.
@@ -66,6 +66,7 @@
 //! `upstream_peer` (the backend, resolved once) unchanged. `logging` records one line and the
 //! metrics per request.
 
+pub mod allowed;
 pub mod app;
 pub mod background;
 pub mod claims;
@@ -84,7 +85,6 @@ pub mod metrics;
 pub mod ops;
 pub mod pump;
 pub mod queue;
-pub mod registry;
 pub mod routing;
 pub mod sale;
 pub mod server;

@@ -63,7 +63,7 @@ pub struct Metrics {
     /// `direct_admitted`, `waiting` (the paced budget is used up), `held` (paced mode, but this
     /// replica may not pace now: see `failopen`) or `refused` (closed mode).
     pub failopen: IntCounterVec,
-    /// `virtual_queue_replicas`: live replicas in the instance registry at the last tick.
+    /// `virtual_queue_replicas`: live replicas in the replica roster at the last tick.
     pub replicas: IntGauge,
     /// `virtual_queue_store_calls_total{op}`: store operations attempted, by operation.
     pub store_calls: IntCounterVec,
@@ -84,7 +84,7 @@ pub struct Metrics {
     /// canonical `TYPE:ID` (`registry.rs`).
     pub registered_invalid: IntGauge,
     pub targets: std::sync::Arc<TargetLabels>,
-    /// Tells this registry's cached children (`Hot`) from another's on the same thread.
+    /// Tells this roster's cached children (`Hot`) from another's on the same thread.
     id: u64,
 }
 
@@ -189,7 +189,7 @@ impl Metrics {
         )?;
         let replicas = IntGauge::new(
             "virtual_queue_replicas",
-            "Live gateway replicas in the instance registry at this replica's last pump tick",
+            "Live gateway replicas in the replica roster at this replica's last pump tick",
         )?;
         let store_calls = IntCounterVec::new(
             Opts::new(
@@ -429,7 +429,7 @@ impl TargetLabels {
 mod tests {
     use super::*;
 
-    /// The per-thread cache counts into the registry it was asked by, with the same bounded
+    /// The per-thread cache counts into the roster it was asked by, with the same bounded
     /// target labels as an uncached lookup, also past its own size limit.
     #[test]
     fn cached_children_count_into_their_own_registry() {

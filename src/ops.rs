@@ -259,7 +259,7 @@ pub fn target(config: &Config, change: Option<(&str, bool)>) -> Result<String, O
             .collect();
         members.sort();
         let mut out = String::new();
-        if config.queue.targets != crate::registry::TargetsMode::Registered {
+        if config.queue.targets != crate::allowed::TargetsMode::Registered {
             out.push_str(
                 "note: queue.targets is `any` in this file: the list below is not enforced\n",
             );
@@ -271,7 +271,7 @@ pub fn target(config: &Config, change: Option<(&str, bool)>) -> Result<String, O
             if QueueTarget::parse_key(&m).is_some() {
                 out.push_str(&format!("{m}\n"));
             } else {
-                let meant = crate::registry::lenient_key(&m)
+                let meant = crate::allowed::lenient_key(&m)
                     .map_or("nothing".to_string(), |t| t.to_string());
                 out.push_str(&format!(
                     "{m:?} INVALID: not canonical TYPE:ID; registers {meant}; remove it and add the sale again\n"

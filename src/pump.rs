@@ -20,7 +20,7 @@ use crate::failopen::Pacer;
 use crate::metrics::Metrics;
 use crate::queue::{millis, QueueTarget};
 use crate::share::Slice;
-use crate::store::{AdvanceOutcome, Part, QueueStore, Registering, StoreGuard, WHOLE_BATCH_PPM};
+use crate::store::{AdvanceOutcome, Part, QueueStore, RosterEntry, StoreGuard, WHOLE_BATCH_PPM};
 
 /// The shortest sleep between two passes of the pump, whatever a sale's tick says.
 const MIN_WAKE_MS: u64 = 10;
@@ -63,15 +63,15 @@ pub struct Pump {
     /// a target is retired from the active set (it stops counting against the cap).
     empty: parking_lot::Mutex<BTreeSet<QueueTarget>>,
     /// The largest heartbeat credit the live instances reported at the last registration
-    /// (`Instances::credit_ms`).
-    registry_credit_ms: std::sync::atomic::AtomicU64,
+    /// (`Roster::credit_ms`).
+    roster_credit_ms: std::sync::atomic::AtomicU64,
     /// Each sale's tick as its last admission step read it (`tickMs` of the sale's hash), and the
     /// tick (now / tick) this instance last visited it in: a sale is visited once per its own
     /// tick, and the pump wakes at the shortest.
     ticks: parking_lot::Mutex<std::collections::HashMap<QueueTarget, (u64, u64)>>,
 }
 
-/// One registry reading: the part of the batch an advance may admit, and when the registration
+/// One roster reading: the part of the batch an advance may admit, and when the registration
 /// that read it was sent (epoch ms).
 #[derive(Debug, Clone)]
 struct Reading {
@@ -104,7 +104,7 @@ impl Pump {
             name: String::new(),
             held: Default::default(),
             empty: Default::default(),
-            registry_credit_ms: Default::default(),
+            roster_credit_ms: Default::default(),
             ticks: Default::default(),
         }
     }
@@ -165,7 +165,7 @@ impl Pump {
         }
         // `None` while this replica's own calls fail: it may be pacing (`failopen`), so its pump
         // admits nobody meanwhile and another instance's pump leads.
-        let Some(mut reading) = self.read_registry().await else {
+        let Some(mut reading) = self.read_roster().await else {
             return report;
         };
         // Failures are counted (and logged once per outage) by the store guard.
@@ -206,7 +206,7 @@ impl Pump {
             if now_ms.saturating_sub(reading.sent_ms) >= fresh_for
                 || !reading.same_tick(now_ms, tick_ms)
             {
-                match self.read_registry().await {
+                match self.read_roster().await {
                     Some(r) => reading = r,
                     None => break,
                 }
@@ -236,12 +236,12 @@ impl Pump {
         report
     }
 
-    /// Records this instance in the registry with the share it would pace if cut off, and
+    /// Records this instance in the roster with the share it would pace if cut off, and
     /// answers this tick's batch: lowered by the shares the instances that stopped registering
     /// may be pacing on their own. `None` while this instance's own store fails: it then sends
     /// no registration (one that landed would keep it live in the other pumps' eyes while it
     /// paces, `failopen`) and admits nobody.
-    async fn read_registry(&self) -> Option<Reading> {
+    async fn read_roster(&self) -> Option<Reading> {
         if self.store.degraded() {
             return None;
         }
@@ -257,12 +257,12 @@ impl Pump {
             .await;
         let n = match self
             .store
-            .register_instance(self.registering(asked, presence, false))
+            .update_roster(self.registering(asked, presence, false))
             .await
         {
             Ok(n) => n,
             // Who stopped registering is unknown: what this instance's own recorded slice admits
-            // (while the registry still holds it) is what the others' slices, which never
+            // (while the roster still holds it) is what the others' slices, which never
             // overlap it, surely leave.
             Err(_) => {
                 return Some(Reading {
@@ -288,14 +288,14 @@ impl Pump {
             tracing::info!(
                 dead = n.dead,
                 retired = n.retired_others,
-                "replicas gone from the registry: their part of the batch is no longer held back"
+                "replicas gone from the roster: their part of the batch is no longer held back"
             );
         }
         // The pacer divides by every replica seen recently: one that died lately makes each
         // slice smaller (fewer admissions), never larger.
         self.pacer
             .registered(n.recorded, n.desired, sent_ms, n.recent.max(n.live));
-        self.registry_credit_ms
+        self.roster_credit_ms
             .store(n.credit_ms, std::sync::atomic::Ordering::Relaxed);
         self.metrics.replicas.set(i64::from(n.live));
         // Gateways of older versions pace a share of this file's batch.
@@ -316,10 +316,10 @@ impl Pump {
         asked: Slice,
         presence: Option<crate::store::PresenceKind>,
         leave: bool,
-    ) -> Registering<'_> {
+    ) -> RosterEntry<'_> {
         let c = self.pacer.config();
         let timeout = millis(self.cfg.heartbeat_timeout);
-        Registering {
+        RosterEntry {
             credit_ms: self
                 .store
                 .outage_credit_ms(self.clock.now().epoch_ms, timeout),
@@ -467,13 +467,13 @@ impl Pump {
     fn sweep_credit_ms(&self, now_ms: u64) -> u64 {
         let timeout = millis(self.cfg.heartbeat_timeout);
         self.store.outage_credit_ms(now_ms, timeout).max(
-            self.registry_credit_ms
+            self.roster_credit_ms
                 .load(std::sync::atomic::Ordering::Relaxed),
         )
     }
 
     /// The part of a sale's batch an advance may admit, in millionths: what this file's batch
-    /// lowered by the registry leaves of it (`read_registry`), as a part of it, so that it
+    /// lowered by the roster leaves of it (`read_roster`), as a part of it, so that it
     /// applies to every sale's own batch.
     fn share_ppm(&self, batch: u32) -> u32 {
         let whole = u64::from(self.cfg.batch_size.get());
@@ -550,14 +550,14 @@ impl BackgroundService for Pump {
             }
         }
         let _ = tokio::time::timeout(Duration::from_secs(1), self.release()).await;
-        // A clean shutdown leaves the registry, so the others do not count this one as cut off.
+        // A clean shutdown leaves the roster, so the others do not count this one as cut off.
         // From now on nobody holds a share back for it: while the listener drains it paces no
         // more, should its store fail.
         self.pacer
             .registering(Slice::EMPTY, self.clock.now().epoch_ms);
         let _ = self
             .store
-            .register_instance(self.registering(Slice::EMPTY, None, true))
+            .update_roster(self.registering(Slice::EMPTY, None, true))
             .await;
         tracing::info!(instance = %self.instance, "admission pump stopped");
     }

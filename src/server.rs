@@ -139,8 +139,8 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     let mut redis_store = None;
     // With registered targets ops decide which sales have a queue; the cap is for `any`.
     let max_targets = match config.queue.targets {
-        crate::registry::TargetsMode::Any => config.queue.max_active_targets.get() as usize,
-        crate::registry::TargetsMode::Registered => usize::MAX / 2,
+        crate::allowed::TargetsMode::Any => config.queue.max_active_targets.get() as usize,
+        crate::allowed::TargetsMode::Registered => usize::MAX / 2,
     };
     // The `[queue]` keys only seed sales created without them: a sale's own parameters live
     // in its hash (Redis) and every replica reads them from there.
@@ -198,7 +198,7 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
         AppState::new(config, upstream, store, keys, flag, metrics, identity).with_claims(claims),
     );
     if memory {
-        state.registry.mark_loaded();
+        state.allowed.mark_loaded();
         state.metrics.flag_known.set(1);
     }
 

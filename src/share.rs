@@ -1,7 +1,7 @@
 //! Slices of a sale's batch: what a replica may admit per tick on its own while it is cut off from
 //! Redis (`failopen.rs`), and what the pumps hold back for it (`pump.rs`, `advance.lua`).
 //!
-//! A slice is an interval `[start, end)` of the unit, in millionths. The instance registry
+//! A slice is an interval `[start, end)` of the unit, in millionths. The replica roster
 //! (`instances.lua`) keeps the recorded slices of its members disjoint. A tick's batch `B` is
 //! cut into `B × FRAME` cells, lane by lane: cell `c` is lane `c / FRAME` at the tick whose
 //! index `t` (since the epoch, in the sale's ticks) has `reverse(t mod FRAME) = c mod FRAME`. A
@@ -82,7 +82,7 @@ impl Slice {
         upto(hi) - upto(lo)
     }
 
-    /// Parses `start:end` (millionths), as the registry and `advance.lua` write it.
+    /// Parses `start:end` (millionths), as the roster and `advance.lua` write it.
     pub fn parse(s: &str) -> Option<Slice> {
         let (a, b) = s.split_once(':')?;
         let num = |x: &str| {

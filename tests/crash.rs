@@ -1,5 +1,5 @@
 //! A crash costs seconds, not minutes: three gateway processes on one Redis under load, one of
-//! them SIGKILLed mid-sale. The registry tells the dead replica from a cut-off one (its presence
+//! them SIGKILLed mid-sale. The roster tells the dead replica from a cut-off one (its presence
 //! subscription closed with the process), or a restarted replica retires its predecessor by name;
 //! either way the pumps stop holding its slice of the batch back. And with a batch smaller than
 //! the replica count, every replica paces some ticks while Redis is down, the slices together never
@@ -63,7 +63,7 @@ fn redis_ms(redis: &RedisServer) -> u64 {
         + t[1].as_str().unwrap().parse::<u64>().unwrap() / 1000
 }
 
-/// Waits until the three replicas hold their seats (thirds) in the registry.
+/// Waits until the three replicas hold their seats (thirds) in the roster.
 fn wait_for_seats(redis: &RedisServer, n: usize) {
     let settled = || {
         let members = redis
@@ -177,12 +177,12 @@ fn sigkill_of_the_pump_leader_gives_the_whole_budget_back_within_three_ticks() {
         "a step after the first 3 ticks admitted less than the batch: {after:?}"
     );
     assert!(after.iter().all(|(_, n)| *n <= BATCH), "{after:?}");
-    // One of the others dropped it from the registry as dead (not as retired: no names here).
+    // One of the others dropped it from the roster as dead (not as retired: no names here).
     assert!(
         gws.iter().any(|g| g
             .log()
             .lines()
-            .any(|l| l.contains("replicas gone from the registry") && l.contains("dead=1"))),
+            .any(|l| l.contains("replicas gone from the roster") && l.contains("dead=1"))),
         "{}",
         gws[0].log()
     );
@@ -236,7 +236,7 @@ fn a_restarted_replica_retires_its_predecessor_by_name() {
     assert!(late.len() >= 4, "{back:?}");
     assert!(late.iter().all(|(_, n)| *n == BATCH), "{back:?}");
     let log = gws.last().unwrap().log();
-    assert!(log.contains("replicas gone from the registry"), "{log}");
+    assert!(log.contains("replicas gone from the roster"), "{log}");
 }
 
 /// Batch 2 and three replicas, Redis killed: each replica paces some ticks (its slice rotates),

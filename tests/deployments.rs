@@ -93,7 +93,7 @@ fn redis_cli(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// How many instances the registry on `redis` saw with their presence subscription on this very
+/// How many instances the roster on `redis` saw with their presence subscription on this very
 /// server process (its run id: entries replicated from a former primary do not count).
 fn presence_seen(redis: &RedisServer) -> usize {
     let info = redis.cmd(&["INFO", "server"]).as_str().unwrap_or_default();
@@ -136,7 +136,7 @@ fn cluster_targets_spread_over_every_master_and_two_gateways_keep_the_bound() {
     let cluster = RedisCluster::start();
     let up = Upstream::start();
     let gws = gateways(&cluster.url(), &up);
-    // Each gateway's presence subscription (sharded) sits on the node of the registry's slot,
+    // Each gateway's presence subscription (sharded) sits on the node of the roster's slot,
     // where instances.lua sees it.
     let registry = &cluster.nodes[cluster.owner(cluster.keyslot("queue:instances"))];
     assert!(
@@ -395,7 +395,7 @@ fn sentinel_switch(switch: Switch) {
     assert!(promoted, "the sentinels did not promote the replica");
     let promoted_ms = epoch_ms() - kill_at;
     assert_eq!(set.primary_port(), Some(set.replica.port));
-    // The presence subscriptions follow to the new primary (the registry there sees them again,
+    // The presence subscriptions follow to the new primary (the roster there sees them again,
     // so a replica that crashes now is still told from a cut-off one).
     set.replica.forget_connection();
     let followed = wait_until(Duration::from_secs(20), || {

@@ -64,9 +64,9 @@ fn sale(redis: RedisServer) -> Sale {
     Sale { redis, up, gws }
 }
 
-/// Waits until every replica holds its seat in the instance registry (a slice of `1 /
+/// Waits until every replica holds its seat in the replica roster (a slice of `1 /
 /// REPLICAS` of the batch): a replica asks for the seat its previous registration was told, and
-/// the registry gives no more than the others leave, so the slices settle over the first ticks.
+/// the roster gives no more than the others leave, so the slices settle over the first ticks.
 fn wait_for_seats(redis: &RedisServer) {
     let settled = || {
         let members = redis

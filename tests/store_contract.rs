@@ -17,7 +17,7 @@ use vq_gateway::share::Slice;
 use vq_gateway::store::liveness::Liveness;
 use vq_gateway::store::{
     Advance, AdvanceOutcome, ClaimTake, ClaimTerms, EnterOutcome, MemoryStore, Now, Part,
-    PollOutcome, PresenceKind, QueueStore, RedisStore, Registering, Settle, TokenCandidate,
+    PollOutcome, PresenceKind, QueueStore, RedisStore, RosterEntry, Settle, TokenCandidate,
 };
 
 const GUARD: Duration = Duration::from_millis(150);
@@ -1260,8 +1260,8 @@ async fn enter_time_checkpoints_are_sparse_and_trimmed() {
     assert_eq!(waits.len(), 19);
 }
 
-fn registering(instance: &str, asked: Slice, leave: bool) -> Registering<'_> {
-    Registering {
+fn registering(instance: &str, asked: Slice, leave: bool) -> RosterEntry<'_> {
+    RosterEntry {
         instance,
         name: "",
         asked,
@@ -1279,15 +1279,15 @@ const THIRD: u32 = 333_333;
 const TWO_THIRDS: u32 = 666_666;
 const HALF: u32 = 500_000;
 
-/// The heartbeat credit travels through the registry: every registration answers the largest
+/// The heartbeat credit travels through the roster: every registration answers the largest
 /// credit a live instance reported, and an instance that leaves or reports none withdraws it.
 async fn the_registry_carries_the_largest_heartbeat_credit(s: &dyn QueueStore) {
     let reg = |i: &'static str, credit_ms: u64| async move {
-        let r = Registering {
+        let r = RosterEntry {
             credit_ms,
             ..registering(i, Slice::WHOLE, false)
         };
-        s.register_instance(r).await.unwrap().credit_ms
+        s.update_roster(r).await.unwrap().credit_ms
     };
     assert_eq!(reg("a", 0).await, 0);
     assert_eq!(reg("b", 4_000).await, 4_000);
@@ -1297,23 +1297,20 @@ async fn the_registry_carries_the_largest_heartbeat_credit(s: &dyn QueueStore) {
         "b's shedding counts for a's sweep"
     );
     assert_eq!(reg("b", 0).await, 1_000);
-    s.register_instance(registering("a", Slice::EMPTY, true))
+    s.update_roster(registering("a", Slice::EMPTY, true))
         .await
         .unwrap();
     assert_eq!(reg("b", 0).await, 0);
 }
 
-/// The instance registry (`instances.lua`): each instance asks for the seat the registry told
+/// The replica roster (`instances.lua`): each instance asks for the seat the roster told
 /// it and is recorded with the largest piece of it no other member holds (containing what it
 /// held of it), so the recorded slices never overlap; the slices of instances that stopped
 /// registering (recent, not live) are held back by the pumps.
 async fn the_registry_records_disjoint_slices(s: &dyn QueueStore) {
     // (instance, slice asked) -> (live, recent, held back, recorded, desired)
     let reg = |i: &'static str, asked: Slice| async move {
-        let n = s
-            .register_instance(registering(i, asked, false))
-            .await
-            .unwrap();
+        let n = s.update_roster(registering(i, asked, false)).await.unwrap();
         assert_eq!(n.held_back_legacy, 0);
         (n.live, n.recent, n.held_back, n.recorded, n.desired)
     };
@@ -1365,7 +1362,7 @@ async fn the_registry_records_disjoint_slices(s: &dyn QueueStore) {
     assert_eq!(reg("a", Slice::WHOLE).await.3, sl(0, THIRD));
     // b leaves cleanly: a may take what it held.
     let left = s
-        .register_instance(registering("b", Slice::EMPTY, true))
+        .update_roster(registering("b", Slice::EMPTY, true))
         .await
         .unwrap();
     assert_eq!(left.recorded, Slice::EMPTY);
@@ -1390,7 +1387,7 @@ async fn registry_members_of_older_versions() {
     let old = (now_ms - 1000).to_string();
     redis.cmd(&["ZADD", "queue:instances", &old, "old", &old, "legacy|2"]);
     let n = s
-        .register_instance(registering("a", Slice::WHOLE, false))
+        .update_roster(registering("a", Slice::WHOLE, false))
         .await
         .unwrap();
     // "old" holds ⌈10 / 3⌉ = 4, "legacy" 2: 6 of 10 at the top of the unit.
@@ -1406,7 +1403,7 @@ async fn registry_members_of_older_versions() {
         names.contains(&"a|0:400000|4".to_string()),
         "the trailing number is the whole users per tick an older gateway reads: {names:?}"
     );
-    s.register_instance(registering("old", Slice::EMPTY, false))
+    s.update_roster(registering("old", Slice::EMPTY, false))
         .await
         .unwrap();
     assert!(redis.cmd(&["PTTL", "queue:instances"]).as_int() > 0);
@@ -1428,7 +1425,7 @@ async fn the_registry_drops_dead_and_retired_instances() {
         let _ = c.read(&mut buf).unwrap();
         c
     };
-    let with_presence = |i: &'static str, asked: Slice| Registering {
+    let with_presence = |i: &'static str, asked: Slice| RosterEntry {
         presence: Some(PresenceKind::Classic),
         ..registering(i, asked, false)
     };
@@ -1436,25 +1433,23 @@ async fn the_registry_drops_dead_and_retired_instances() {
     let _sub_c = subscribe("c");
     for i in ["a", "b", "c"] {
         let n = s
-            .register_instance(with_presence(i, Slice::EMPTY))
+            .update_roster(with_presence(i, Slice::EMPTY))
             .await
             .unwrap();
         assert_eq!(n.presence_seen, i != "a", "{i}: only b and c subscribed");
     }
     for i in ["a", "b", "c"] {
         let n = s
-            .register_instance(with_presence(i, Slice::EMPTY))
+            .update_roster(with_presence(i, Slice::EMPTY))
             .await
             .unwrap();
-        s.register_instance(with_presence(i, n.desired))
-            .await
-            .unwrap();
+        s.update_roster(with_presence(i, n.desired)).await.unwrap();
     }
     // b's process dies (its connections close); c is cut off (they stay open).
     drop(sub_b);
     tokio::time::sleep(Duration::from_millis(400)).await;
     let n = s
-        .register_instance(with_presence("a", Slice::EMPTY))
+        .update_roster(with_presence("a", Slice::EMPTY))
         .await
         .unwrap();
     assert_eq!((n.dead, n.recent), (1, 2), "{n:?}");
@@ -1464,28 +1459,28 @@ async fn the_registry_drops_dead_and_retired_instances() {
         "c may be pacing"
     );
     // A registration without presence is never dropped as dead.
-    s.register_instance(registering("d", Slice::EMPTY, false))
+    s.update_roster(registering("d", Slice::EMPTY, false))
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     let n = s
-        .register_instance(with_presence("a", Slice::EMPTY))
+        .update_roster(with_presence("a", Slice::EMPTY))
         .await
         .unwrap();
     assert_eq!((n.dead, n.recent), (0, 3), "{n:?}");
 
     // Names: "r-1" restarts as a new instance id; the new one retires the old at once.
-    let named = |i: &'static str| Registering {
+    let named = |i: &'static str| RosterEntry {
         name: "r-1",
         ..registering(i, Slice::WHOLE, false)
     };
-    s.register_instance(named("old-r1")).await.unwrap();
-    let n = s.register_instance(named("new-r1")).await.unwrap();
+    s.update_roster(named("old-r1")).await.unwrap();
+    let n = s.update_roster(named("new-r1")).await.unwrap();
     assert_eq!(n.retired_others, 1, "{n:?}");
-    let n = s.register_instance(named("old-r1")).await.unwrap();
+    let n = s.update_roster(named("old-r1")).await.unwrap();
     assert!(n.retired, "the old instance learns it was retired");
     assert_eq!(n.recorded, Slice::EMPTY, "and is never recorded again");
-    let n = s.register_instance(named("new-r1")).await.unwrap();
+    let n = s.update_roster(named("new-r1")).await.unwrap();
     assert_eq!(n.retired_others, 0, "{n:?}");
 }
 
@@ -1552,13 +1547,13 @@ async fn the_registry_on_a_cluster() {
     let cluster = RedisCluster::start();
     let s = connected_cluster(&cluster).await;
     the_registry_records_disjoint_slices(s.as_ref()).await;
-    s.register_instance(registering("a", Slice::EMPTY, true))
+    s.update_roster(registering("a", Slice::EMPTY, true))
         .await
         .unwrap();
-    s.register_instance(registering("b", Slice::EMPTY, true))
+    s.update_roster(registering("b", Slice::EMPTY, true))
         .await
         .unwrap();
-    s.register_instance(registering("c", Slice::EMPTY, true))
+    s.update_roster(registering("c", Slice::EMPTY, true))
         .await
         .unwrap();
     the_registry_carries_the_largest_heartbeat_credit(s.as_ref()).await;

@@ -152,14 +152,14 @@ pub(super) fn fail_open(
         None => DEFAULT_PACED_FOR.max(least),
         Some(s) => {
             let given = Duration::from_secs(in_range("fail_open.paced_for_s", s, 1, 86_400)?);
-            // In every mode: the registry forgets instances after this window whoever calls it,
+            // In every mode: the roster forgets instances after this window whoever calls it,
             // so one replica's short window would cut the others' reservations short.
             if given < least {
                 return Err(invalid(
                     "fail_open.paced_for_s",
                     format!(
                         "must be at least {} s with this tick and command timeout: a replica cut \
-                         off from the store waits 4 command timeouts, the registry's live window \
+                         off from the store waits 4 command timeouts, the roster's live window \
                          (3 ticks, at least 2 s) and a tick before it paces, and stops two ticks \
                          before paced_for_s; the window must hold at least one tick",
                         least.as_millis().div_ceil(1000)

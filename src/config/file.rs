@@ -5,10 +5,10 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::allowed::{TargetsMode, UnregisteredGated};
 pub use crate::failopen::FailOpenMode;
 pub use crate::identity::JwtAlgorithm;
 pub use crate::queue::TargetType;
-pub use crate::registry::{TargetsMode, UnregisteredGated};
 
 /// `server.log_format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,7 +126,7 @@ pub struct ServerSection {
     /// The environment variable holding this replica's stable name (letters, digits, `.`, `_`,
     /// `-`; at most 64), unique among the replicas and kept across restarts (a pod or container
     /// name): a replica that starts with a name retires its predecessor of that name from the
-    /// instance registry at once. Empty: no name.
+    /// replica roster at once. Empty: no name.
     pub replica_name_env: String,
     /// Worker threads of the proxy service.
     pub threads: usize,
@@ -229,7 +229,7 @@ pub struct FailOpenSection {
     pub mode: FailOpenMode,
     /// The fewest replicas the paced share assumes (`batch_size / max(replicas, min_replicas)`).
     pub min_replicas: u64,
-    /// Accepted and ignored: the share no longer assumes a count before the registry was read
+    /// Accepted and ignored: the share no longer assumes a count before the roster was read
     /// (a replica that never registered does not pace). Kept so that older files still load;
     /// `check-config` and start-up say it is ignored.
     #[serde(skip_serializing_if = "Option::is_none")]

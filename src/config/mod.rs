@@ -124,7 +124,7 @@ pub struct FailOpenConfig {
 /// What start-up and `check-config` say about a file that sets `fail_open.max_replicas`.
 pub const RELEASE_ON_IGNORED: &str = "token.release_on is ignored: any 4xx or 5xx answer gives the token back for another try, a 2xx or 3xx spends it, and token.max_attempts bounds the tries";
 
-pub const MAX_REPLICAS_IGNORED: &str = "fail_open.max_replicas is ignored: a replica paces only after it registered, with the share the registry recorded for it";
+pub const MAX_REPLICAS_IGNORED: &str = "fail_open.max_replicas is ignored: a replica paces only after it registered, with the share the roster recorded for it";
 
 /// `[queue]`: admission pace, capacity, liveness, and which targets may have a queue.
 #[derive(Debug, Clone)]
@@ -408,7 +408,7 @@ mod tests {
         );
         let c = Config::from_toml("[fail_open]\npaced_for_s = 15").unwrap();
         assert_eq!(c.fail_open.paced_for, Duration::from_secs(15));
-        // Also in the modes that never pace: every replica's registry call forgets instances
+        // Also in the modes that never pace: every replica's roster call forgets instances
         // after its own window.
         assert!(Config::from_toml("[fail_open]\nmode = \"closed\"\npaced_for_s = 5").is_err());
         // An older file's `max_replicas` loads, and the summary says it is ignored.

@@ -11,6 +11,7 @@ use std::time::Instant;
 use http::HeaderMap;
 
 use super::route::{ApiCall, ApiOp};
+use crate::allowed::Standing;
 use crate::app::AppState;
 use crate::clock::now;
 use crate::error::ApiError;
@@ -21,7 +22,6 @@ use crate::queue::{
     eta_seconds, poll_after_seconds, EntryStatus, QueueEntryResponse, QueueStats,
     QueueStatsResponse, QueueTarget,
 };
-use crate::registry::Standing;
 use crate::sale::{BookLookup, SaleView};
 use crate::store::{EnterOutcome, Now, PollOutcome, QueueStore, StoreError, TokenCandidate};
 use crate::token::{mint, mint_ticket, verify_ticket, TicketClaims, TokenClaims};
@@ -100,7 +100,7 @@ pub fn user_or_error(
 }
 
 pub async fn handle(state: &AppState, call: ApiCall, headers: &HeaderMap) -> Reply {
-    match state.registry.standing(call.target) {
+    match state.allowed.standing(call.target) {
         Standing::Allowed => {}
         Standing::Unregistered => return Reply::error(&ApiError::UnknownTarget),
         Standing::Unknown => return Reply::error(&ApiError::QueueUnavailable),

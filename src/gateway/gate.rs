@@ -9,12 +9,12 @@ use http::{HeaderName, Method};
 
 use super::hygiene::HeaderFacts;
 use super::AppState;
+use crate::allowed::{Standing, UnregisteredGated};
 use crate::claims::LocalClaim;
 use crate::error::ApiError;
 use crate::flag::GateView;
 use crate::identity::IdentityError;
 use crate::queue::QueueTarget;
-use crate::registry::{Standing, UnregisteredGated};
 use crate::routing::gated::GatedPath;
 use crate::store::Now;
 use crate::store::{ClaimTake, ClaimTerms, QueueStore, StoreError};
@@ -122,7 +122,7 @@ pub async fn check(
             "exactly one X-Entry-Token header is allowed",
         )
     })?;
-    let standing = state.registry.standing(target);
+    let standing = state.allowed.standing(target);
     if standing == Standing::Unknown {
         return Err(Denied {
             error: ApiError::QueueUnavailable,
@@ -130,7 +130,7 @@ pub async fn check(
         });
     }
     if standing == Standing::Unregistered {
-        return match state.registry.unregistered_gated() {
+        return match state.allowed.unregistered_gated() {
             UnregisteredGated::Pass => Ok(Passed {
                 target,
                 checked: false,

@@ -184,7 +184,7 @@ async fn put(state: &Arc<AppState>, target: QueueTarget, body: &[u8]) -> SalesAn
     if let Err(e) = state.store.register_sale(target, true).await {
         return store_error(&e);
     }
-    state.registry.insert(target);
+    state.allowed.insert(target);
     state.sales.set(
         target,
         Some(sale.clone()),
@@ -200,7 +200,7 @@ async fn delete(state: &Arc<AppState>, target: QueueTarget) -> SalesAnswer {
     if let Err(e) = state.store.register_sale(target, false).await {
         return store_error(&e);
     }
-    state.registry.remove(target);
+    state.allowed.remove(target);
     state
         .sales
         .set(target, None, None, crate::clock::now().epoch_ms);
@@ -250,7 +250,7 @@ async fn draw_export(state: &Arc<AppState>, target: QueueTarget) -> SalesAnswer 
 }
 
 async fn list(state: &Arc<AppState>) -> SalesAnswer {
-    let mut targets = state.registry.members();
+    let mut targets = state.allowed.members();
     match state.store.active_targets(crate::clock::now()).await {
         Ok(active) => targets.extend(active),
         Err(e) => return store_error(&e),

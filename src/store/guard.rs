@@ -29,8 +29,8 @@ use tokio::sync::Semaphore;
 
 use super::breaker::{Admit, Breaker, BreakerConfig, Verdict};
 use super::{
-    Advance, ClaimTake, ClaimTerms, EnterOutcome, Instances, Mint, Now, Part, PollOutcome,
-    PresenceKind, QueueStore, Registering, Settle, StoreError,
+    Advance, ClaimTake, ClaimTerms, EnterOutcome, Mint, Now, Part, PollOutcome, PresenceKind,
+    QueueStore, Roster, RosterEntry, Settle, StoreError,
 };
 use crate::metrics::Metrics;
 use crate::queue::{QueueStats, QueueTarget};
@@ -174,7 +174,7 @@ impl StoreGuard {
     /// (0 otherwise). A poll this replica refused for saturation is no silence of the user's
     /// (that credit is at most twice `within_ms`).
     /// The pumps do not count that time against them (this replica's share reaches the others'
-    /// pumps through the instance registry).
+    /// pumps through the replica roster).
     pub fn outage_credit_ms(&self, now_ms: u64, within_ms: u64) -> u64 {
         let outage = {
             let since = self.down_since.lock();
@@ -560,8 +560,8 @@ impl QueueStore for StoreGuard {
         self.inner.presence_seen(seen);
     }
 
-    async fn register_instance(&self, r: Registering<'_>) -> Result<Instances, StoreError> {
-        let fut = self.inner.register_instance(r);
+    async fn update_roster(&self, r: RosterEntry<'_>) -> Result<Roster, StoreError> {
+        let fut = self.inner.update_roster(r);
         self.run(Class::Background, "pump", fut).await
     }
 

@@ -117,13 +117,13 @@ pub enum PollOutcome {
     NotInQueue,
 }
 
-/// One call to the instance registry.
+/// One call to the replica roster.
 #[derive(Debug, Clone, Copy)]
-pub struct Registering<'a> {
+pub struct RosterEntry<'a> {
     /// This instance's id (never contains `|`).
     pub instance: &'a str,
     /// The replica's stable name (`server.replica_name`; empty: none): a newer instance with the
-    /// same name retires this one from the registry.
+    /// same name retires this one from the roster.
     pub name: &'a str,
     /// The slice of the batch this instance asks to record: what it would admit per tick if cut
     /// off from the store (`share.rs`).
@@ -132,12 +132,12 @@ pub struct Registering<'a> {
     pub batch: u32,
     /// `fail_open.min_replicas`: the slices are never wider than a batch over this many.
     pub min_replicas: u32,
-    /// This instance's presence subscription, if it keeps one the registry may trust
+    /// This instance's presence subscription, if it keeps one the roster may trust
     /// (`presence.rs`).
     pub presence: Option<PresenceKind>,
     /// An instance that registered within this window counts as live.
     pub live_window: std::time::Duration,
-    /// How long an instance that stopped registering stays in the registry.
+    /// How long an instance that stopped registering stays in the roster.
     pub recent_window: std::time::Duration,
     /// A clean shutdown: remove this instance instead of recording it.
     pub leave: bool,
@@ -194,12 +194,12 @@ pub struct ClaimTerms {
     pub max_attempts: u32,
 }
 
-/// The instance registry's answer.
+/// The replica roster's answer.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Instances {
-    /// Instances that registered within the live window: the replica count.
+pub struct Roster {
+    /// Roster that registered within the live window: the replica count.
     pub live: u32,
-    /// Instances that registered within the recent window (live ones included).
+    /// Roster that registered within the recent window (live ones included).
     pub recent: u32,
     /// The slices recorded by the instances that are recent but not live (they stopped
     /// registering and may be pacing on their own), known dead or retired ones left out.
@@ -216,7 +216,7 @@ pub struct Instances {
     pub credit_ms: u64,
     /// A newer instance with this replica's name retired this one: it is not recorded.
     pub retired: bool,
-    /// The registry saw this instance's presence subscription.
+    /// The roster saw this instance's presence subscription.
     pub presence_seen: bool,
     /// Members this registration dropped as dead (their presence subscription closed).
     pub dead: u32,
@@ -225,7 +225,7 @@ pub struct Instances {
 }
 
 /// How an instance's presence subscription is kept: a classic channel, or a sharded one (in a
-/// cluster, on the node that holds the registry's slot).
+/// cluster, on the node that holds the roster's slot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PresenceKind {
     Classic,
@@ -332,7 +332,7 @@ impl Part {
 
     /// The part as `advance.lua` reads it (its ARGV[6]): "" (none), "=start:end" (only) or
     /// "-start:end,..." (held back); a step with both holds back within the only slice, which
-    /// the registry keeps disjoint from the others, so "only" alone says it.
+    /// the roster keeps disjoint from the others, so "only" alone says it.
     pub fn script_arg(&self) -> String {
         if let Some(only) = self.only {
             return format!("={only}");
@@ -483,7 +483,7 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Adds `target` to, or removes it from, the registered sales every replica reads
     /// (`queue:targets`): the list of sales replicas write back after a data loss, and the sales
     /// `queue.targets = "registered"` admits. The memory store has no shared list (its replica's
-    /// registry is the list).
+    /// allowed sales are the list).
     async fn register_sale(&self, _target: QueueTarget, _on: bool) -> Result<(), StoreError> {
         Ok(())
     }
@@ -522,11 +522,11 @@ pub trait QueueStore: Send + Sync + 'static {
         now: Now,
     ) -> Result<Option<String>, StoreError>;
 
-    /// Records that an instance is alive with its paced share (the pump calls it every tick
-    /// while its store answers; `leave` removes it on a clean shutdown) and answers what the
-    /// registry holds.
-    /// This instance's presence subscription for the registry (`redis/presence.rs`), started
-    /// at the first call: the kind, where the registry may trust it (Redis keeps a silent
+    /// Records in the replica roster that an instance is alive with its paced slice (the pump
+    /// calls it every tick while its store answers; `leave` removes it on a clean shutdown) and
+    /// answers what the roster holds.
+    /// This instance's presence subscription for the roster (`redis/presence.rs`), started
+    /// at the first call: the kind, where the roster may trust it (Redis keeps a silent
     /// connection at least `window`, how long a cut-off replica paces). None for a store with
     /// no other instances, or where it cannot be trusted.
     async fn presence(
@@ -540,7 +540,7 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Whether the last registration saw the presence subscription.
     fn presence_seen(&self, _seen: bool) {}
 
-    async fn register_instance(&self, r: Registering<'_>) -> Result<Instances, StoreError>;
+    async fn update_roster(&self, r: RosterEntry<'_>) -> Result<Roster, StoreError>;
 
     /// Rebuilds the connection (asked for by the breaker when probes keep timing out).
     async fn reconnect(&self) {}

@@ -240,7 +240,7 @@ pub fn advance(v: Value) -> Result<Advance, StoreError> {
 
 /// `instances.lua`: `{live, recent, legacy held back, "s:e,..." held back, recorded "s:e",
 /// desired "s:e", credit, retired, presence seen, dead, retired others}`.
-pub fn instances(v: Value) -> Result<super::Instances, StoreError> {
+pub fn instances(v: Value) -> Result<super::Roster, StoreError> {
     use crate::share::Slice;
     let items = reply_array(v, "instances")?;
     let get = |i: usize| {
@@ -263,7 +263,7 @@ pub fn instances(v: Value) -> Result<super::Instances, StoreError> {
         .filter(|s| !s.is_empty())
         .map(|s| Slice::parse(s).ok_or_else(|| StoreError::Protocol(format!("bad slice {s:?}"))))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(super::Instances {
+    Ok(super::Roster {
         live: count(0)?,
         recent: count(1)?,
         held_back_legacy: count(2)?,

@@ -100,20 +100,20 @@ pub const ACTIVE_KEY: &str = "queue:active";
 /// Targets registered by ops (`queue.targets = "registered"`; `vq-gateway target add`).
 pub const REGISTERED_KEY: &str = "queue:targets";
 
-/// The instance registry (`instances.lua`): live gateway replicas, for the fail-open pacer.
+/// The replica roster (`instances.lua`): live gateway replicas, for the fail-open pacer.
 pub const INSTANCES_KEY: &str = "queue:instances";
 
-/// The heartbeat credits the instances report (`instances.lua`), in the registry's slot.
+/// The heartbeat credits the instances report (`instances.lua`), in the roster's slot.
 pub const INSTANCES_CREDIT_KEY: &str = "{queue:instances}:credit";
 
-/// Each instance's presence (`run_id|replica name`), in the registry's slot (`instances.lua`).
+/// Each instance's presence (`run_id|replica name`), in the roster's slot (`instances.lua`).
 pub const INSTANCES_PRESENCE_KEY: &str = "{queue:instances}:presence";
 
-/// Instances retired by a newer one with their replica name, in the registry's slot.
+/// Roster retired by a newer one with their replica name, in the roster's slot.
 pub const INSTANCES_RETIRED_KEY: &str = "{queue:instances}:retired";
 
 /// The channel an instance's presence connection subscribes to (`presence.rs`): in the
-/// registry's slot, so a cluster keeps it (sharded) on the node that runs `instances.lua`.
+/// roster's slot, so a cluster keeps it (sharded) on the node that runs `instances.lua`.
 pub fn presence_channel(instance: &str) -> String {
     format!("{{queue:instances}}:presence:{instance}")
 }

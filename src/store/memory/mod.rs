@@ -13,8 +13,8 @@ use async_trait::async_trait;
 
 use super::liveness::Liveness;
 use super::{
-    Advance, AdvanceOutcome, ClaimTake, ClaimTerms, EnterOutcome, Instances, Mint, Now, Part,
-    PollOutcome, QueueStore, Registering, Settle, StoreError, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS,
+    Advance, AdvanceOutcome, ClaimTake, ClaimTerms, EnterOutcome, Mint, Now, Part, PollOutcome,
+    QueueStore, Roster, RosterEntry, Settle, StoreError, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS,
     RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
@@ -913,15 +913,15 @@ impl QueueStore for MemoryStore {
     }
 
     /// One process: the only instance there is, and never cut off from its store.
-    async fn register_instance(&self, r: Registering<'_>) -> Result<Instances, StoreError> {
+    async fn update_roster(&self, r: RosterEntry<'_>) -> Result<Roster, StoreError> {
         // One process: nobody else to pace alongside; the whole batch is this instance's seat.
-        Ok(Instances {
+        Ok(Roster {
             live: 1,
             recent: 1,
             recorded: if r.leave { Slice::EMPTY } else { r.asked },
             desired: Slice::WHOLE,
             credit_ms: r.credit_ms,
-            ..Instances::default()
+            ..Roster::default()
         })
     }
 }

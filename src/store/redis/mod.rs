@@ -46,15 +46,15 @@ use super::scripts::{
     INSTANCES_PRESENCE_KEY, INSTANCES_RETIRED_KEY,
 };
 use super::{
-    Advance, ClaimTake, ClaimTerms, EnterOutcome, Instances, Mint, Now, Part, PollOutcome,
-    PresenceKind, QueueStore, Registering, Settle, StoreError, ADVANCE_SAMPLES,
-    DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
+    Advance, ClaimTake, ClaimTerms, EnterOutcome, Mint, Now, Part, PollOutcome, PresenceKind,
+    QueueStore, Roster, RosterEntry, Settle, StoreError, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS,
+    RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
 use crate::sale::{FieldError, Sale, SaleDefaults, SalePatch};
 
 /// How often one instance re-adds a target it serves to `queue:active` (the pump drops targets
-/// whose keys expired, so a live target must be re-registered now and then).
+/// whose keys expired, so a live target must be added again now and then).
 const ACTIVE_REFRESH: Duration = Duration::from_secs(10);
 
 /// The key the health probe writes (`SET NX PX 1000`).
@@ -68,7 +68,8 @@ pub struct RedisStore {
     options: Options,
     started: std::sync::atomic::AtomicBool,
     scripts: Arc<Scripts>,
-    registered: Mutex<HashMap<QueueTarget, Instant>>,
+    /// When this instance last added each target to the active sales (`queue:active`).
+    marked_active: Mutex<HashMap<QueueTarget, Instant>>,
     max_targets: usize,
     /// What a sale is created with when its creator does not say (`[queue]`).
     defaults: SaleDefaults,
@@ -159,7 +160,7 @@ impl RedisStore {
             options,
             started: std::sync::atomic::AtomicBool::new(false),
             scripts: Arc::new(Scripts::load()),
-            registered: Mutex::new(HashMap::new()),
+            marked_active: Mutex::new(HashMap::new()),
             max_targets: DEFAULT_MAX_TARGETS,
             defaults: SaleDefaults::default(),
             caller,
@@ -313,7 +314,7 @@ impl RedisStore {
 
     /// Whether this instance saw `target` admitted to `queue:active` within `ACTIVE_REFRESH`.
     fn admitted_recently(&self, target: QueueTarget) -> bool {
-        self.registered
+        self.marked_active
             .lock()
             .get(&target)
             .is_some_and(|at| at.elapsed() < ACTIVE_REFRESH)
@@ -331,7 +332,7 @@ impl RedisStore {
 
     async fn admit_and_note_now(&self, target: QueueTarget) -> Result<bool, StoreError> {
         let admitted = self.admits_target(target).await?;
-        let mut seen = self.registered.lock();
+        let mut seen = self.marked_active.lock();
         if admitted {
             let now = Instant::now();
             if seen.len() > 2 * self.max_targets {
@@ -348,7 +349,7 @@ impl RedisStore {
     /// instance (the pump drops targets whose keys expired; a Redis that restarted empty lost
     /// `queue:active` with them). Through the cap like any new queue: re-adding never lets the
     /// count pass it.
-    async fn register(&self, target: QueueTarget) -> Result<(), StoreError> {
+    async fn keep_active(&self, target: QueueTarget) -> Result<(), StoreError> {
         if !self.admitted_recently(target) {
             self.admit_and_note(target).await?;
         }
@@ -466,7 +467,7 @@ impl QueueStore for RedisStore {
         if let PollOutcome::Waiting { .. } = outcome {
             // Users wait here: keep the target on the pump's list (at most every 10 s per
             // instance; it may have been retired as empty just before they entered).
-            if let Err(e) = self.register(target).await {
+            if let Err(e) = self.keep_active(target).await {
                 tracing::debug!(%target, error = %e, "re-registering an active target failed");
             }
         }
@@ -546,7 +547,7 @@ impl QueueStore for RedisStore {
         self.command("SREM", vec![ACTIVE_KEY.into(), target.to_string().into()])
             .await
             .map_err(store_err)?;
-        self.registered.lock().remove(&target);
+        self.marked_active.lock().remove(&target);
         // queue:active and the target's keys are in different slots, so the emptiness check
         // and the removal cannot be one script. Look again after removing: a user who entered
         // before the SREM is seen here, and one who entered after it opened an empty room and
@@ -690,7 +691,7 @@ impl QueueStore for RedisStore {
         self.command("SREM", vec![ACTIVE_KEY.into(), target.to_string().into()])
             .await
             .map_err(store_err)?;
-        self.registered.lock().remove(&target);
+        self.marked_active.lock().remove(&target);
         Ok(as_u64(&existed, "exists")? > 0)
     }
 
@@ -806,7 +807,7 @@ impl QueueStore for RedisStore {
         self.heard.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    async fn register_instance(&self, r: Registering<'_>) -> Result<Instances, StoreError> {
+    async fn update_roster(&self, r: RosterEntry<'_>) -> Result<Roster, StoreError> {
         if r.instance.contains('|') {
             return Err(StoreError::Protocol("an instance id contains '|'".into()));
         }

@@ -1,7 +1,7 @@
 //! This instance's presence connection: one connection of its own, subscribed to the instance's
-//! channel (`scripts::presence_channel`), that the instance registry (`instances.lua`) looks
+//! channel (`scripts::presence_channel`), that the replica roster (`instances.lua`) looks
 //! for when the instance stops registering. A process that exits or is killed closes it, and
-//! Redis sees that at once: the registry then drops the instance instead of holding its slice
+//! Redis sees that at once: the roster then drops the instance instead of holding its slice
 //! back for `fail_open.paced_for_s`. A replica cut off by a partition leaves it open on Redis'
 //! side until TCP keep-alive gives up, and a subscribed connection is exempt from the server's
 //! idle `timeout`.
@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 
 use crate::store::PresenceKind;
 
-/// How often a presence the registry does not see is connected again (after a failover the
+/// How often a presence the roster does not see is connected again (after a failover the
 /// subscription may still sit on the old primary).
 const RECONNECT_EVERY: Duration = Duration::from_secs(5);
 
@@ -120,7 +120,7 @@ impl Presence {
         } else {
             PresenceKind::Classic
         };
-        // Subscribed in the background: the registry sees it from the first registration after
+        // Subscribed in the background: the roster sees it from the first registration after
         // it landed (and fred subscribes again after every reconnect).
         let sub = client.clone();
         tokio::spawn(async move {
@@ -142,7 +142,7 @@ impl Presence {
         Some(kind)
     }
 
-    /// A registration answered whether the registry saw this instance's subscription; after a
+    /// A registration answered whether the roster saw this instance's subscription; after a
     /// few misses in a row the connection is made again (it may sit on a demoted primary).
     pub fn seen(&self, seen: bool) {
         let mut state = self.state.lock();

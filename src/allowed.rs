@@ -43,7 +43,7 @@ pub enum Standing {
 }
 
 #[derive(Debug)]
-pub struct Registry {
+pub struct AllowedSales {
     mode: TargetsMode,
     gated: UnregisteredGated,
     configured: HashSet<QueueTarget>,
@@ -51,13 +51,13 @@ pub struct Registry {
     loaded: std::sync::atomic::AtomicBool,
 }
 
-impl Registry {
+impl AllowedSales {
     pub fn new(
         mode: TargetsMode,
         gated: UnregisteredGated,
         configured: impl IntoIterator<Item = QueueTarget>,
-    ) -> Registry {
-        Registry {
+    ) -> AllowedSales {
+        AllowedSales {
             mode,
             gated,
             configured: configured.into_iter().collect(),
@@ -174,13 +174,13 @@ mod tests {
 
     #[test]
     fn any_allows_everything() {
-        let r = Registry::new(TargetsMode::Any, UnregisteredGated::Pass, []);
+        let r = AllowedSales::new(TargetsMode::Any, UnregisteredGated::Pass, []);
         assert!(r.allows(t(1)) && r.allows(t(u64::MAX)));
     }
 
     #[test]
     fn registered_allows_configured_and_dynamic_targets() {
-        let r = Registry::new(TargetsMode::Registered, UnregisteredGated::Refuse, [t(1)]);
+        let r = AllowedSales::new(TargetsMode::Registered, UnregisteredGated::Refuse, [t(1)]);
         assert!(r.allows(t(1)));
         assert!(!r.allows(t(2)));
         assert_eq!(r.standing(t(2)), Standing::Unknown, "never read");
