@@ -63,6 +63,64 @@ impl FailOpenMode {
     }
 }
 
+/// What a degraded enter or poll answers (`decide`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// The mode decided by (`open` answers like `paced` when the replica only refused the call
+    /// itself).
+    pub mode: FailOpenMode,
+    /// The metric's outcome label: `direct_admitted`, `waiting`, `held` or `refused`.
+    pub outcome: &'static str,
+    pub answer: Answer,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Let through with a stateless token (`DIRECT_ADMITTED`, degraded).
+    Admit,
+    /// A degraded `WAITING`: poll again after this many seconds.
+    Wait { retry_after_s: u64 },
+    /// 503 `QUEUE_UNAVAILABLE`, retry after this many seconds.
+    Refuse { retry_after_s: u64 },
+}
+
+/// The fail-open decision for an enter or poll the store could not serve: the mode, why the
+/// store failed (`saturated`: this replica refused the call itself while Redis still answers,
+/// so `open` lets nobody through unmetered and answers like `paced`), and in `paced` mode the
+/// pacer's verdict for the user (`seq`: the seq of the queue ticket the user showed, asked only
+/// in that mode). `now_ms` is read at the decision, not when the request began.
+#[allow(clippy::too_many_arguments)]
+pub fn decide(
+    pacer: &Pacer,
+    mode: FailOpenMode,
+    saturated: bool,
+    target: QueueTarget,
+    user: u64,
+    seq: impl FnOnce() -> Option<u64>,
+    now_ms: u64,
+    last_ok_ms: u64,
+) -> Decision {
+    let mode = match mode {
+        FailOpenMode::Open if saturated => FailOpenMode::Paced,
+        mode => mode,
+    };
+    let retry_after_s = pacer.retry_after_secs(now_ms);
+    let (outcome, answer) = match mode {
+        FailOpenMode::Open => ("direct_admitted", Answer::Admit),
+        FailOpenMode::Closed => ("refused", Answer::Refuse { retry_after_s }),
+        FailOpenMode::Paced => match pacer.admit(target, user, seq(), now_ms, last_ok_ms) {
+            Pace::Admitted => ("direct_admitted", Answer::Admit),
+            Pace::Spent => ("waiting", Answer::Wait { retry_after_s }),
+            Pace::Held => ("held", Answer::Wait { retry_after_s }),
+        },
+    };
+    Decision {
+        mode,
+        outcome,
+        answer,
+    }
+}
+
 /// How many targets a replica keeps a local budget for at once (clients choose target ids).
 const MAX_PACED_TARGETS: usize = 4096;
 
@@ -764,6 +822,38 @@ mod tests {
         }
         assert_eq!(p.admit(t(1), 30, Some(30), next + 3, 0), Pace::Spent);
         assert_eq!(p.try_admit(t(1), 102, next + 700, 0), Pace::Spent);
+    }
+
+    #[test]
+    fn the_decision_per_mode_and_cause() {
+        let p = cut_off(1000, 1, 1);
+        let never = || -> Option<u64> { panic!("the ticket is read in paced mode only") };
+        let d = decide(&p, FailOpenMode::Open, false, t(1), 1, never, PACING, 0);
+        assert_eq!(
+            (d.mode, d.outcome, d.answer),
+            (FailOpenMode::Open, "direct_admitted", Answer::Admit)
+        );
+        let d = decide(
+            &p,
+            FailOpenMode::Closed,
+            false,
+            t(1),
+            1,
+            never,
+            PACING + 400,
+            0,
+        );
+        assert_eq!(d.answer, Answer::Refuse { retry_after_s: 1 });
+        // A replica that only refused the call itself never lets anyone through unmetered.
+        let d = decide(&p, FailOpenMode::Open, true, t(1), 1, || None, PACING, 0);
+        assert_eq!((d.mode, d.answer), (FailOpenMode::Paced, Answer::Admit));
+        let d = decide(&p, FailOpenMode::Open, true, t(1), 2, || None, PACING, 0);
+        assert_eq!(
+            (d.outcome, d.answer),
+            ("waiting", Answer::Wait { retry_after_s: 1 })
+        );
+        let d = decide(&p, FailOpenMode::Paced, false, t(1), 3, || None, 500_000, 0);
+        assert_eq!(d.outcome, "held", "after the pacing window");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::allowed::Standing;
 use crate::app::AppState;
 use crate::clock::now;
 use crate::error::ApiError;
-use crate::failopen::{FailOpenMode, Pace};
+use crate::failopen::{self, Answer};
 use crate::identity::IdentityError;
 use crate::queue::stats_cache::Lookup;
 use crate::queue::{
@@ -322,10 +322,8 @@ fn direct(state: &AppState, target: QueueTarget, user: u64, now: Now) -> Reply {
     })
 }
 
-/// The answer to an enter or poll that the store could not serve, per `fail_open.mode`
-/// (`failopen.rs`): the paced budget, everyone, or nobody. A replica that only refused the call
-/// itself (`Saturated`: its in-flight limit, Redis still answering) never lets anyone through
-/// unmetered: `open` then answers like `paced`.
+/// The answer to an enter or poll that the store could not serve: `failopen::decide` decides,
+/// this writes the answer and counts it.
 fn degraded(
     state: &AppState,
     target: QueueTarget,
@@ -336,53 +334,39 @@ fn degraded(
     // Read now, not when the request began: the store call that failed may have taken up to its
     // timeout, and the pacer's window and tick are about the moment of this decision.
     let now = now();
-    let mode = match (state.config.fail_open.mode, cause) {
-        (FailOpenMode::Open, StoreError::Saturated) => FailOpenMode::Paced,
-        (mode, _) => mode,
-    };
-    let count = |outcome: &str| {
-        state
-            .metrics
-            .failopen
-            .with_label_values(&[mode.as_str(), outcome])
-            .inc();
-    };
-    let retry_after = state.pacer.retry_after_secs(now.epoch_ms);
-    let (admit, outcome) = match mode {
-        FailOpenMode::Open => (true, "direct_admitted"),
-        FailOpenMode::Closed => (false, "refused"),
-        FailOpenMode::Paced => {
-            let seq = ticket_seq(state, target, user, headers, now);
-            match state
-                .pacer
-                .admit(target, user, seq, now.epoch_ms, state.store.last_ok_ms())
-            {
-                Pace::Admitted => (true, "direct_admitted"),
-                Pace::Spent => (false, "waiting"),
-                Pace::Held => (false, "held"),
-            }
+    let decision = failopen::decide(
+        &state.pacer,
+        state.config.fail_open.mode,
+        matches!(cause, StoreError::Saturated),
+        target,
+        user,
+        || ticket_seq(state, target, user, headers, now),
+        now.epoch_ms,
+        state.store.last_ok_ms(),
+    );
+    state
+        .metrics
+        .failopen
+        .with_label_values(&[decision.mode.as_str(), decision.outcome])
+        .inc();
+    Ok(match decision.answer {
+        Answer::Admit => {
+            let c = candidate(state, target, user, now);
+            state.count_token(target, "issued");
+            let status = EntryStatus::DirectAdmitted {
+                token: c.token,
+                expires_at: c.expires_at,
+            };
+            Reply::json(200, &QueueEntryResponse::from(status).degraded())
         }
-    };
-    count(outcome);
-    if admit {
-        let c = candidate(state, target, user, now);
-        state.count_token(target, "issued");
-        let status = EntryStatus::DirectAdmitted {
-            token: c.token,
-            expires_at: c.expires_at,
-        };
-        return Ok(Reply::json(
-            200,
-            &QueueEntryResponse::from(status).degraded(),
-        ));
-    }
-    if mode == FailOpenMode::Closed {
-        return Ok(Reply::error(&ApiError::QueueUnavailable).retry_after(retry_after));
-    }
-    let status = EntryStatus::WaitingDegraded {
-        poll_after_seconds: retry_after,
-    };
-    Ok(entry(status).retry_after(retry_after))
+        Answer::Refuse { retry_after_s } => {
+            Reply::error(&ApiError::QueueUnavailable).retry_after(retry_after_s)
+        }
+        Answer::Wait { retry_after_s } => entry(EntryStatus::WaitingDegraded {
+            poll_after_seconds: retry_after_s,
+        })
+        .retry_after(retry_after_s),
+    })
 }
 
 async fn enter(
