@@ -2,7 +2,19 @@
 //! repeated (two values are two different answers to one question, and a backend may read the
 //! other one), and a value that is not visible ASCII is refused rather than guessed at.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
+
+/// The entry token's header. Header names are built once, not parsed from a string on every
+/// lookup.
+pub const TOKEN_HEADER: HeaderName = HeaderName::from_static("x-entry-token");
+
+/// Headers that ask some frameworks to treat a POST as another method; never allowed on a gated
+/// path, since the backend might honour one the gateway did not check.
+pub const METHOD_OVERRIDE_HEADERS: [HeaderName; 3] = [
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-method-override"),
+    HeaderName::from_static("x-http-method"),
+];
 
 /// Why a single-valued header cannot be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

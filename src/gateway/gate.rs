@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use http::{HeaderName, Method};
+use http::Method;
 
 use super::hygiene::HeaderFacts;
 use super::AppState;
@@ -19,17 +19,6 @@ use crate::routing::gated::GatedPath;
 use crate::store::Now;
 use crate::store::{ClaimTake, ClaimTerms, QueueStore, StoreError};
 use crate::token::{verify, MAX_TOKEN_LEN};
-
-/// Header names are built once, not parsed from a string on every lookup.
-pub const TOKEN_HEADER: HeaderName = HeaderName::from_static("x-entry-token");
-
-/// Headers that ask some frameworks to treat a POST as another method; never allowed on a gated
-/// path, since the backend might honour one the gateway did not check.
-pub const METHOD_OVERRIDE_HEADERS: [HeaderName; 3] = [
-    HeaderName::from_static("x-http-method-override"),
-    HeaderName::from_static("x-method-override"),
-    HeaderName::from_static("x-http-method"),
-];
 
 /// The clock difference between instances the gate allows for: how far in the future a token
 /// may expire beyond the configured TTL (a token that claims to live longer was not minted by

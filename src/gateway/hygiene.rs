@@ -17,8 +17,8 @@
 
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 
-use super::gate::METHOD_OVERRIDE_HEADERS;
 use crate::headers::BadHeader;
+use crate::headers::{METHOD_OVERRIDE_HEADERS, TOKEN_HEADER};
 use crate::routing::path::CanonicalPath;
 
 /// Headers the gate or the backend relies on; naming one in `Connection` is refused.
@@ -43,20 +43,82 @@ pub struct Refusal {
     pub detail: &'static str,
 }
 
+/// Where a proxied request is going, for `check_route`.
+pub struct Route<'a> {
+    /// A gated (purchase) route.
+    pub gated: bool,
+    /// A path too close to a gated route (`gated::lookalike`).
+    pub lookalike: bool,
+    pub path: &'a CanonicalPath<'a>,
+    /// `[[upgrade.paths]]`: where a websocket upgrade may reach the backend.
+    pub upgrade_prefixes: &'a [Vec<String>],
+}
+
+/// The checks that depend on the route, in order: a gated route's method must be an upper-case
+/// token; no method-override query parameters on a gated or look-alike route, nor override
+/// headers or unsafe methods on a look-alike (the gate refuses override headers on a gated one);
+/// a protocol upgrade only as a websocket on a configured path, never on a gated route. `Ok`
+/// lets the request on (an upgrade it asked for is then allowed).
+pub fn check_route(
+    route: &Route<'_>,
+    req: &pingora::http::RequestHeader,
+    facts: &HeaderFacts<'_>,
+) -> Result<(), Refusal> {
+    let refuse = |reason, detail| Err(Refusal { reason, detail });
+    let method = &req.method;
+    if route.gated && !upper_case_method(method) {
+        return refuse(
+            "method_case",
+            "the method on this route must be an upper-case token",
+        );
+    }
+    let override_query = req
+        .uri
+        .query()
+        .is_some_and(|q| method_override_query(q.as_bytes()));
+    if (route.gated || route.lookalike) && override_query {
+        return refuse(
+            "method_override",
+            "method-override parameters are not allowed on this route",
+        );
+    }
+    if route.lookalike && facts.method_override {
+        return refuse(
+            "method_override",
+            "method-override headers are not allowed on this route",
+        );
+    }
+    if route.lookalike && unsafe_method(method) {
+        return refuse(
+            "lookalike_route",
+            "this path is too close to a purchase route",
+        );
+    }
+    if facts.upgrade
+        && (route.gated
+            || !websocket_only(&req.headers)
+            || !under_prefix(route.upgrade_prefixes, route.path))
+    {
+        return refuse(
+            "upgrade",
+            "protocol upgrades are only allowed on configured websocket paths",
+        );
+    }
+    Ok(())
+}
+
 /// Headers the backend never receives: the entry token (a credential for the gate, not for the
 /// backend) and an h2c upgrade's settings (the backend must not
 /// switch to HTTP/2 past the gate).
-pub const NEVER_FORWARDED: [HeaderName; 2] = [
-    super::gate::TOKEN_HEADER,
-    HeaderName::from_static("http2-settings"),
-];
+pub const NEVER_FORWARDED: [HeaderName; 2] =
+    [TOKEN_HEADER, HeaderName::from_static("http2-settings")];
 
 /// What one pass over a request's header fields found, for the checks that follow it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HeaderFacts<'h> {
     /// `Upgrade` is present or `Connection` names `upgrade`: the request asks to switch protocols.
     pub upgrade: bool,
-    /// A method-override header is present (`gate::METHOD_OVERRIDE_HEADERS`).
+    /// A method-override header is present (`headers::METHOD_OVERRIDE_HEADERS`).
     pub method_override: bool,
     /// Which of `NEVER_FORWARDED` are present.
     pub never_forwarded: [bool; 2],
@@ -147,7 +209,7 @@ fn scan_fields(
             facts.method_override = true;
         } else if let Some(i) = NEVER_FORWARDED.iter().position(|n| n == name) {
             facts.never_forwarded[i] = true;
-            if name == super::gate::TOKEN_HEADER {
+            if name == TOKEN_HEADER {
                 facts.entry_tokens += 1;
                 facts.entry_token = facts.entry_token.or(Some(value));
             }
@@ -443,7 +505,7 @@ mod tests {
         ];
         for m in &maps {
             let facts = check(m).unwrap();
-            let single = crate::headers::single(m, super::super::gate::TOKEN_HEADER);
+            let single = crate::headers::single(m, TOKEN_HEADER);
             assert_eq!(facts.entry_token(), single, "{m:?}");
         }
     }

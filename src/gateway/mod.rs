@@ -393,53 +393,18 @@ impl ProxyHttp for Gateway {
         }
         ctx.class = RouteClass::Proxy;
         let config = &self.state.config;
-        let method = &req.method;
         let gated = gated::match_route(&config.gate.routes, &canonical);
-        if gated.is_some() && !hygiene::upper_case_method(method) {
-            let r = hygiene::Refusal {
-                reason: "method_case",
-                detail: "the method on this route must be an upper-case token",
-            };
-            return self.reject(session, ctx, r).await;
-        }
         let lookalike = gated.is_none() && gated::lookalike(&config.gate.routes, &canonical);
-        if (gated.is_some() || lookalike)
-            && req
-                .uri
-                .query()
-                .is_some_and(|q| hygiene::method_override_query(q.as_bytes()))
-        {
-            let r = hygiene::Refusal {
-                reason: "method_override",
-                detail: "method-override parameters are not allowed on this route",
-            };
-            return self.reject(session, ctx, r).await;
-        }
-        if lookalike && facts.method_override {
-            let r = hygiene::Refusal {
-                reason: "method_override",
-                detail: "method-override headers are not allowed on this route",
-            };
-            return self.reject(session, ctx, r).await;
-        }
-        if lookalike && hygiene::unsafe_method(method) {
-            let r = hygiene::Refusal {
-                reason: "lookalike_route",
-                detail: "this path is too close to a purchase route",
-            };
+        let route = hygiene::Route {
+            gated: gated.is_some(),
+            lookalike,
+            path: &canonical,
+            upgrade_prefixes: &config.gate.upgrade_prefixes,
+        };
+        if let Err(r) = hygiene::check_route(&route, req, &facts) {
             return self.reject(session, ctx, r).await;
         }
         if facts.upgrade {
-            let allowed = gated.is_none()
-                && hygiene::websocket_only(&req.headers)
-                && hygiene::under_prefix(&config.gate.upgrade_prefixes, &canonical);
-            if !allowed {
-                let r = hygiene::Refusal {
-                    reason: "upgrade",
-                    detail: "protocol upgrades are only allowed on configured websocket paths",
-                };
-                return self.reject(session, ctx, r).await;
-            }
             ctx.upgrade = true;
             // A tunnel from now on: its reads are not a request body the client owes.
             if let Some(s) = ClientStream::of(session) {
