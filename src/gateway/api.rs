@@ -16,7 +16,6 @@ use crate::app::AppState;
 use crate::clock::now;
 use crate::error::ApiError;
 use crate::failopen::{self, Answer};
-use crate::identity::IdentityError;
 use crate::queue::stats_cache::Lookup;
 use crate::queue::{
     eta_seconds, poll_after_seconds, EntryStatus, QueueEntryResponse, QueueStats,
@@ -75,28 +74,9 @@ impl Reply {
     }
 }
 
-/// The request's user per `[identity]`: 400 for a bad `X-User-Id` (header mode), 401 for a
-/// missing or invalid bearer token (jwt mode).
-pub fn user_id(state: &AppState, headers: &HeaderMap) -> Result<u64, ApiError> {
-    user_or_error(state, state.identity.user(headers))
-}
-
-/// An identity already resolved, as the answer a client gets when there is none.
-pub fn user_or_error(
-    state: &AppState,
-    identity: Result<u64, IdentityError>,
-) -> Result<u64, ApiError> {
-    match (identity, state.identity.is_jwt()) {
-        (Ok(user), _) => Ok(user),
-        (Err(IdentityError::Missing), false) => Err(ApiError::BadRequest(
-            "exactly one X-User-Id header is required",
-        )),
-        (Err(IdentityError::Invalid(why)), false) => Err(ApiError::BadRequest(why)),
-        (Err(IdentityError::Missing), true) => {
-            Err(ApiError::Unauthorized("a bearer token is required"))
-        }
-        (Err(IdentityError::Invalid(why)), true) => Err(ApiError::Unauthorized(why)),
-    }
+/// The request's user per `[identity]` (`Identity::required`).
+fn user_id(state: &AppState, headers: &HeaderMap) -> Result<u64, ApiError> {
+    state.identity.required(state.identity.user(headers))
 }
 
 pub async fn handle(state: &AppState, call: ApiCall, headers: &HeaderMap) -> Reply {

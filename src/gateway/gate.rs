@@ -101,7 +101,7 @@ pub async fn check(
     let target = gated
         .target
         .ok_or_else(|| bad("bad_target_id", "the target id must be a positive integer"))?;
-    let user = super::api::user_or_error(state, identity).map_err(|error| Denied {
+    let user = state.identity.required(identity).map_err(|error| Denied {
         error,
         reason: "bad_user_id",
     })?;

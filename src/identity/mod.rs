@@ -106,6 +106,27 @@ impl Identity {
         matches!(self.config, IdentityConfig::Jwt(_))
     }
 
+    /// An identity as resolved, or the answer a client gets when there is none (the one place
+    /// that maps it): 400 for a missing or bad `X-User-Id` (header mode), 401 for a missing or
+    /// invalid bearer token (jwt mode).
+    pub fn required(
+        &self,
+        identity: Result<u64, IdentityError>,
+    ) -> Result<u64, crate::error::ApiError> {
+        use crate::error::ApiError;
+        match (identity, self.is_jwt()) {
+            (Ok(user), _) => Ok(user),
+            (Err(IdentityError::Missing), false) => Err(ApiError::BadRequest(
+                "exactly one X-User-Id header is required",
+            )),
+            (Err(IdentityError::Invalid(why)), false) => Err(ApiError::BadRequest(why)),
+            (Err(IdentityError::Missing), true) => {
+                Err(ApiError::Unauthorized("a bearer token is required"))
+            }
+            (Err(IdentityError::Invalid(why)), true) => Err(ApiError::Unauthorized(why)),
+        }
+    }
+
     /// The request's user.
     pub fn user(&self, headers: &HeaderMap) -> Result<u64, IdentityError> {
         match &self.config {
