@@ -12,6 +12,7 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
+use crate::app::AppState;
 use crate::background::{
     ClaimLeases, KeyWatcher, RedisConnection, RuntimeSettings, SettingsRefresher,
 };
@@ -19,7 +20,7 @@ use crate::config::{Config, StoreBackend};
 use crate::flag::{Flag, FlagState};
 use crate::gateway::admin::AdminApp;
 use crate::gateway::conn::{Bounds, ConnectionLimit};
-use crate::gateway::{AppState, Gateway};
+use crate::gateway::Gateway;
 use crate::metrics::Metrics;
 use crate::store::{MemoryStore, QueueStore, RedisStore};
 use crate::token::TokenKeys;

@@ -14,7 +14,7 @@ use http::Response;
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 
-use super::AppState;
+use crate::app::AppState;
 use crate::store::QueueStore;
 
 pub struct AdminApp {

@@ -8,8 +8,8 @@ use std::time::Duration;
 use http::Method;
 
 use super::hygiene::HeaderFacts;
-use super::AppState;
 use crate::allowed::{Standing, UnregisteredGated};
+use crate::app::AppState;
 use crate::claims::LocalClaim;
 use crate::error::ApiError;
 use crate::flag::GateView;

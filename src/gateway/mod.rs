@@ -44,7 +44,7 @@ use api::Reply;
 use conn::ClientStream;
 use route::RouteClass;
 
-pub use crate::app::AppState;
+use crate::app::AppState;
 
 /// Per-request context.
 pub struct RequestCtx {
