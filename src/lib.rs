@@ -55,6 +55,19 @@
 //! - `error`    — `ApiError` → status + JSON body.
 //! - `logging`  — tracing subscriber (text or JSON).
 //!
+//! # Who may import whom
+//! - The pure modules (`queue`, `token`, `flag`, `share`, `sale`, `draw`, `settings`, `allowed`,
+//!   `routing`, `headers`, `failopen`, `clock`, `error`) do no I/O and never import `store`,
+//!   `gateway`, `server` or `app`.
+//! - `config` turns the file into settings (`config/subsystems.rs`) and may import the types of
+//!   the subsystems it fills in; the subsystems (`pump`, `failopen`, `sale`, `store`) never
+//!   import `config`.
+//! - `store` imports the pure modules only; everything else reaches it through `StoreGuard`.
+//! - `pump` imports `store`, `clock`, `failopen`, `draw`, `share` and `metrics`, nothing of HTTP.
+//! - `gateway`: `gate` may import `hygiene`, never the reverse; header names live in `headers`;
+//!   `AppState` is imported from `app` everywhere.
+//! - `sim` talks HTTP only and imports none of the gateway's modules.
+//!
 //! # A request's path
 //! nginx-lb → Pingora listener (`limits`) → `Gateway::request_filter`: header limits (431) and
 //! hygiene (400) first, then the path is canonicalised once (ambiguous spellings → 400) and
