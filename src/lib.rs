@@ -62,7 +62,8 @@
 //! - `config` turns the file into settings (`config/subsystems.rs`) and may import the types of
 //!   the subsystems it fills in; the subsystems (`pump`, `failopen`, `sale`, `store`) never
 //!   import `config`.
-//! - `store` imports the pure modules only; everything else reaches it through `StoreGuard`.
+//! - `store` imports the pure modules and `metrics` (the guard counts its calls) only; everything
+//!   else reaches it through `StoreGuard`.
 //! - `pump` imports `store`, `clock`, `failopen`, `draw`, `share` and `metrics`, nothing of HTTP.
 //! - `gateway`: `gate` may import `hygiene`, never the reverse; header names live in `headers`;
 //!   `AppState` is imported from `app` everywhere.
