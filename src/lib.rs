@@ -67,7 +67,7 @@
 //! - `pump` imports `store`, `clock`, `failopen`, `draw`, `share` and `metrics`, nothing of HTTP.
 //! - `gateway`: `gate` may import `hygiene`, never the reverse; header names live in `headers`;
 //!   `AppState` is imported from `app` everywhere.
-//! - `sim` talks HTTP only and imports none of the gateway's modules.
+//! - `sim` talks HTTP only and imports nothing of the gateway but `clock`.
 //!
 //! # A request's path
 //! nginx-lb → Pingora listener (`limits`) → `Gateway::request_filter`: header limits (431) and
