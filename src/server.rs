@@ -204,17 +204,17 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     }
 
     let app = pingora::proxy::http_proxy(&server.configuration, Gateway::new(state.clone()));
-    let c = &state.config.server;
+    let limits = &state.config.server;
     let limited = ConnectionLimit::new(
         app,
-        c.max_connections,
+        limits.max_connections,
         Bounds {
-            first: c.first_byte_timeout,
-            idle: c.keepalive_idle,
-            stall: c.client_stall,
-            min_rate: c.min_client_rate,
-            max_headers: c.max_headers,
-            max_header_bytes: c.max_header_bytes,
+            first: limits.first_byte_timeout,
+            idle: limits.keepalive_idle,
+            stall: limits.client_stall,
+            min_rate: limits.min_client_rate,
+            max_headers: limits.max_headers,
+            max_header_bytes: limits.max_header_bytes,
         },
         state.metrics.clone(),
     );

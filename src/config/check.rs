@@ -18,23 +18,23 @@ fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-pub(super) fn server(s: &ServerSection) -> Result<ServerConfig, ConfigError> {
-    let listen = socket_addr("server.listen", &s.listen)?;
-    let admin_listen = socket_addr("server.admin_listen", &s.admin_listen)?;
+pub(super) fn server(section: &ServerSection) -> Result<ServerConfig, ConfigError> {
+    let listen = socket_addr("server.listen", &section.listen)?;
+    let admin_listen = socket_addr("server.admin_listen", &section.admin_listen)?;
     if listen == admin_listen {
         return Err(invalid(
             "server.admin_listen",
             "must differ from server.listen",
         ));
     }
-    let admin_token_env = match s.admin_token_env.as_str() {
+    let admin_token_env = match section.admin_token_env.as_str() {
         "" => None,
         name => {
             env_name("server.admin_token_env", name)?;
             Some(name.to_string())
         }
     };
-    let replica_name_env = match s.replica_name_env.as_str() {
+    let replica_name_env = match section.replica_name_env.as_str() {
         "" => None,
         name => {
             env_name("server.replica_name_env", name)?;
@@ -46,66 +46,91 @@ pub(super) fn server(s: &ServerSection) -> Result<ServerConfig, ConfigError> {
         admin_listen,
         admin_token_env,
         replica_name_env,
-        threads: in_range("server.threads", s.threads as u64, 1, 256)? as usize,
-        keepalive_idle: secs("server.keepalive_idle_s", s.keepalive_idle_s, 1, 3600)?,
-        grace_period: secs("server.grace_period_s", s.grace_period_s, 0, 3600)?,
-        drain: millis("server.drain_ms", s.drain_ms, 0, 60_000)?,
-        log_format: s.log_format,
-        max_connections: in_range("server.max_connections", s.max_connections, 1, 1_000_000)?
-            as usize,
+        threads: in_range("server.threads", section.threads as u64, 1, 256)? as usize,
+        keepalive_idle: secs("server.keepalive_idle_s", section.keepalive_idle_s, 1, 3600)?,
+        grace_period: secs("server.grace_period_s", section.grace_period_s, 0, 3600)?,
+        drain: millis("server.drain_ms", section.drain_ms, 0, 60_000)?,
+        log_format: section.log_format,
+        max_connections: in_range(
+            "server.max_connections",
+            section.max_connections,
+            1,
+            1_000_000,
+        )? as usize,
         first_byte_timeout: millis(
             "server.first_byte_timeout_ms",
-            s.first_byte_timeout_ms,
+            section.first_byte_timeout_ms,
             1,
             3_600_000,
         )?,
         // Pingora itself reads at most 1 MiB of header and 256 fields.
         max_header_bytes: in_range(
             "server.max_header_bytes",
-            s.max_header_bytes,
+            section.max_header_bytes,
             1024,
             1_048_575,
         )? as usize,
-        max_headers: in_range("server.max_headers", s.max_headers, 8, 256)? as usize,
-        client_stall: millis("server.client_stall_ms", s.client_stall_ms, 100, 600_000)?,
-        min_client_rate: in_range("server.min_client_rate", s.min_client_rate, 1, 1 << 30)?,
+        max_headers: in_range("server.max_headers", section.max_headers, 8, 256)? as usize,
+        client_stall: millis(
+            "server.client_stall_ms",
+            section.client_stall_ms,
+            100,
+            600_000,
+        )?,
+        min_client_rate: in_range(
+            "server.min_client_rate",
+            section.min_client_rate,
+            1,
+            1 << 30,
+        )?,
     })
 }
 
-pub(super) fn upstream(u: &UpstreamSection) -> Result<UpstreamConfig, ConfigError> {
+pub(super) fn upstream(section: &UpstreamSection) -> Result<UpstreamConfig, ConfigError> {
     Ok(UpstreamConfig {
-        address: host_port("upstream.address", &u.address)?,
+        address: host_port("upstream.address", &section.address)?,
         connect_timeout: millis(
             "upstream.connect_timeout_ms",
-            u.connect_timeout_ms,
+            section.connect_timeout_ms,
             1,
             60_000,
         )?,
-        read_timeout: millis("upstream.read_timeout_ms", u.read_timeout_ms, 1, 3_600_000)?,
+        read_timeout: millis(
+            "upstream.read_timeout_ms",
+            section.read_timeout_ms,
+            1,
+            3_600_000,
+        )?,
         write_timeout: millis(
             "upstream.write_timeout_ms",
-            u.write_timeout_ms,
+            section.write_timeout_ms,
             1,
             3_600_000,
         )?,
     })
 }
 
-pub(super) fn store(st: &StoreSection) -> Result<StoreConfig, ConfigError> {
-    let backend = match st.backend {
+pub(super) fn store(section: &StoreSection) -> Result<StoreConfig, ConfigError> {
+    let backend = match section.backend {
         StoreKind::Memory => StoreBackend::Memory,
         StoreKind::Redis => StoreBackend::Redis {
             url: Box::new(
-                crate::store::RedisUrl::parse(&st.redis_url)
+                crate::store::RedisUrl::parse(&section.redis_url)
                     .map_err(|why| invalid("store.redis_url", why))?,
             ),
         },
     };
     Ok(StoreConfig {
         backend,
-        command_timeout: millis("store.command_timeout_ms", st.command_timeout_ms, 1, 10_000)?,
-        max_in_flight: in_range("store.max_in_flight", st.max_in_flight, 1, 1_000_000)? as usize,
-        startup_wait: millis("store.startup_wait_ms", st.startup_wait_ms, 0, 600_000)?,
+        command_timeout: millis(
+            "store.command_timeout_ms",
+            section.command_timeout_ms,
+            1,
+            10_000,
+        )?,
+        max_in_flight: in_range("store.max_in_flight", section.max_in_flight, 1, 1_000_000)?
+            as usize,
+        startup_wait: millis("store.startup_wait_ms", section.startup_wait_ms, 0, 600_000)?,
     })
 }
 
@@ -120,12 +145,12 @@ const DEFAULT_PACED_FOR: Duration = Duration::from_secs(120);
 /// from the store starts pacing `pace_after` after its last registration and stops two ticks
 /// before `paced_for`; the window must hold at least one tick.
 pub(super) fn fail_open(
-    fo: &FailOpenSection,
-    q: &QueueConfig,
-    st: &StoreConfig,
+    section: &FailOpenSection,
+    queue: &QueueConfig,
+    store: &StoreConfig,
 ) -> Result<FailOpenConfig, ConfigError> {
-    let min_replicas = in_range("fail_open.min_replicas", fo.min_replicas, 1, 10_000)? as u32;
-    let claims_file = match fo.claims_file.as_deref() {
+    let min_replicas = in_range("fail_open.min_replicas", section.min_replicas, 1, 10_000)? as u32;
+    let claims_file = match section.claims_file.as_deref() {
         None => None,
         // Only its form: the file is opened (created) at start-up on the host that serves, which
         // refuses to start when it cannot.
@@ -138,17 +163,17 @@ pub(super) fn fail_open(
         }
     };
     let mut config = FailOpenConfig {
-        mode: fo.mode,
+        mode: section.mode,
         min_replicas,
         paced_for: DEFAULT_PACED_FOR,
-        max_replicas_ignored: fo.max_replicas.is_some(),
+        max_replicas_ignored: section.max_replicas.is_some(),
         claims_file,
     };
     let least = {
-        let c = super::subsystems::pacer(&config, q, st);
+        let c = super::subsystems::pacer(&config, queue, store);
         Duration::from_millis(c.pace_after_ms() + 3 * c.tick_ms)
     };
-    config.paced_for = match fo.paced_for_s {
+    config.paced_for = match section.paced_for_s {
         None => DEFAULT_PACED_FOR.max(least),
         Some(s) => {
             let given = Duration::from_secs(in_range("fail_open.paced_for_s", s, 1, 86_400)?);
@@ -172,9 +197,9 @@ pub(super) fn fail_open(
     Ok(config)
 }
 
-pub(super) fn queue(q: &QueueSection) -> Result<QueueConfig, ConfigError> {
-    let mut registered = Vec::with_capacity(q.registered.len());
-    for (i, r) in q.registered.iter().enumerate() {
+pub(super) fn queue(section: &QueueSection) -> Result<QueueConfig, ConfigError> {
+    let mut registered = Vec::with_capacity(section.registered.len());
+    for (i, r) in section.registered.iter().enumerate() {
         let t = QueueTarget::parse_key(r).ok_or_else(|| {
             invalid(
                 &format!("queue.registered[{i}]"),
@@ -184,67 +209,85 @@ pub(super) fn queue(q: &QueueSection) -> Result<QueueConfig, ConfigError> {
         registered.push(t);
     }
     Ok(QueueConfig {
-        tick: millis("queue.tick_ms", q.tick_ms, 10, 3_600_000)?,
+        tick: millis("queue.tick_ms", section.tick_ms, 10, 3_600_000)?,
         batch_size: nonzero_u32(
             "queue.batch_size",
-            in_range("queue.batch_size", q.batch_size, 1, MAX_BATCH)?,
+            in_range("queue.batch_size", section.batch_size, 1, MAX_BATCH)?,
         )?,
-        max_capacity: NonZeroU64::new(q.max_capacity)
+        max_capacity: NonZeroU64::new(section.max_capacity)
             .ok_or_else(|| invalid("queue.max_capacity", "must be at least 1"))?,
         heartbeat_timeout: secs(
             "queue.heartbeat_timeout_s",
-            q.heartbeat_timeout_s,
+            section.heartbeat_timeout_s,
             1,
             86_400,
         )?,
-        max_evict_per_tick: nonzero_u32("queue.max_evict_per_tick", q.max_evict_per_tick)?,
+        max_evict_per_tick: nonzero_u32("queue.max_evict_per_tick", section.max_evict_per_tick)?,
         max_active_targets: nonzero_u32(
             "queue.max_active_targets",
-            in_range("queue.max_active_targets", q.max_active_targets, 1, 100_000)?,
+            in_range(
+                "queue.max_active_targets",
+                section.max_active_targets,
+                1,
+                100_000,
+            )?,
         )?,
-        targets: q.targets,
+        targets: section.targets,
         registered,
-        unregistered_gated: q.unregistered_gated,
+        unregistered_gated: section.unregistered_gated,
     })
 }
 
-pub(super) fn token(t: &TokenSection) -> Result<TokenConfig, ConfigError> {
-    env_name("token.secret_env", &t.secret_env)?;
-    env_name("token.previous_secret_env", &t.previous_secret_env)?;
-    if t.secret_env == t.previous_secret_env {
+pub(super) fn token(section: &TokenSection) -> Result<TokenConfig, ConfigError> {
+    env_name("token.secret_env", &section.secret_env)?;
+    env_name("token.previous_secret_env", &section.previous_secret_env)?;
+    if section.secret_env == section.previous_secret_env {
         return Err(invalid(
             "token.previous_secret_env",
             "must name a different variable than token.secret_env",
         ));
     }
     Ok(TokenConfig {
-        secret_env: t.secret_env.clone(),
-        previous_secret_env: t.previous_secret_env.clone(),
+        secret_env: section.secret_env.clone(),
+        previous_secret_env: section.previous_secret_env.clone(),
         // Capped at the per-target key TTL: a token must not outlive its target's keys, or the
         // two stores would disagree about an idle admitted user.
-        ttl: secs("token.ttl_s", t.ttl_s, 1, crate::store::TARGET_KEY_TTL_SECS)?,
-        single_use: t.single_use,
-        max_attempts: in_range("token.max_attempts", u64::from(t.max_attempts), 1, 1000)? as u32,
-        release_on_ignored: t.release_on.is_some(),
+        ttl: secs(
+            "token.ttl_s",
+            section.ttl_s,
+            1,
+            crate::store::TARGET_KEY_TTL_SECS,
+        )?,
+        single_use: section.single_use,
+        max_attempts: in_range(
+            "token.max_attempts",
+            u64::from(section.max_attempts),
+            1,
+            1000,
+        )? as u32,
+        release_on_ignored: section.release_on.is_some(),
     })
 }
 
-pub(super) fn flag(f: &FlagSection) -> Result<FlagConfig, ConfigError> {
+pub(super) fn flag(section: &FlagSection) -> Result<FlagConfig, ConfigError> {
     Ok(FlagConfig {
-        enabled: f.enabled,
-        rollout_percent: in_range("flag.rollout_percent", f.rollout_percent, 0, 100)? as u8,
+        enabled: section.enabled,
+        rollout_percent: in_range("flag.rollout_percent", section.rollout_percent, 0, 100)? as u8,
     })
 }
 
-pub(super) fn gate(g: &GateSection, u: &UpgradeSection) -> Result<GateConfig, ConfigError> {
-    let mut routes = Vec::with_capacity(g.routes.len());
-    for (i, r) in g.routes.iter().enumerate() {
+pub(super) fn gate(
+    gate: &GateSection,
+    upgrade: &UpgradeSection,
+) -> Result<GateConfig, ConfigError> {
+    let mut routes = Vec::with_capacity(gate.routes.len());
+    for (i, r) in gate.routes.iter().enumerate() {
         let route = GateRoute::compile(&r.method, &r.path, r.target_type)
             .map_err(|e| invalid(&format!("gate.routes[{i}].{}", e.field), e.reason))?;
         routes.push(Arc::new(route));
     }
-    let mut upgrade_prefixes = Vec::with_capacity(u.paths.len());
-    for (i, p) in u.paths.iter().enumerate() {
+    let mut upgrade_prefixes = Vec::with_capacity(upgrade.paths.len());
+    for (i, p) in upgrade.paths.iter().enumerate() {
         let key = format!("upgrade.paths[{i}].prefix");
         let canonical = crate::routing::path::canonicalize(p.prefix.as_bytes())
             .map_err(|e| invalid(&key, format!("`{}`: {e}", p.prefix)))?;
@@ -263,20 +306,20 @@ pub(super) fn gate(g: &GateSection, u: &UpgradeSection) -> Result<GateConfig, Co
     })
 }
 
-pub(super) fn identity(s: &IdentitySection) -> Result<IdentityConfig, ConfigError> {
-    match s.mode {
+pub(super) fn identity(section: &IdentitySection) -> Result<IdentityConfig, ConfigError> {
+    match section.mode {
         IdentityMode::Header => Ok(IdentityConfig::Header),
         IdentityMode::Jwt => {
-            if s.algorithms.is_empty() {
+            if section.algorithms.is_empty() {
                 return Err(invalid(
                     "identity.algorithms",
                     "name at least one algorithm",
                 ));
             }
-            let algorithms = s.algorithms.clone();
-            let key = match (s.key_file.is_empty(), s.jwks_file.is_empty()) {
-                (false, true) => KeySource::File(s.key_file.clone().into()),
-                (true, false) => KeySource::Jwks(s.jwks_file.clone().into()),
+            let algorithms = section.algorithms.clone();
+            let key = match (section.key_file.is_empty(), section.jwks_file.is_empty()) {
+                (false, true) => KeySource::File(section.key_file.clone().into()),
+                (true, false) => KeySource::Jwks(section.jwks_file.clone().into()),
                 _ => {
                     return Err(invalid(
                         "identity.key_file",
@@ -290,18 +333,18 @@ pub(super) fn identity(s: &IdentitySection) -> Result<IdentityConfig, ConfigErro
                     "a key_file holds one key: name one algorithm (or use jwks_file)",
                 ));
             }
-            if s.user_claim.is_empty() {
+            if section.user_claim.is_empty() {
                 return Err(invalid("identity.user_claim", "must name a claim"));
             }
             let opt = |v: &String| (!v.is_empty()).then(|| v.clone());
             Ok(IdentityConfig::Jwt(JwtConfig {
                 algorithms,
                 key,
-                issuer: opt(&s.issuer),
-                audience: opt(&s.audience),
-                user_claim: s.user_claim.clone(),
-                leeway_s: in_range("identity.leeway_s", s.leeway_s, 0, 600)?,
-                es256_low_s_only: s.es256_low_s_only,
+                issuer: opt(&section.issuer),
+                audience: opt(&section.audience),
+                user_claim: section.user_claim.clone(),
+                leeway_s: in_range("identity.leeway_s", section.leeway_s, 0, 600)?,
+                es256_low_s_only: section.es256_low_s_only,
             }))
         }
     }

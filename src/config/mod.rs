@@ -249,15 +249,15 @@ impl Config {
 
     /// The paced share and window, for the summary.
     fn pacing_summary(&self) -> String {
-        let fo = &self.fail_open;
+        let fail_open = &self.fail_open;
         let c = self.pacer();
         let mut out = format!(
             " (paced share batch_size / max(replicas, {}); a replica cut off from the store paces from {} ms to {} ms after its last registration)",
-            fo.min_replicas,
+            fail_open.min_replicas,
             c.pace_after_ms(),
             c.pace_until_ms(),
         );
-        if fo.max_replicas_ignored {
+        if fail_open.max_replicas_ignored {
             out.push_str(&format!("\nwarning: {MAX_REPLICAS_IGNORED}"));
         }
         if self.token.release_on_ignored {
@@ -268,7 +268,7 @@ impl Config {
 
     /// A short human summary for `check-config`. Holds no secret.
     pub fn summary(&self) -> String {
-        let (s, q, t) = (&self.server, &self.queue, &self.token);
+        let (server, queue, token) = (&self.server, &self.queue, &self.token);
         let store = match &self.store.backend {
             StoreBackend::Memory => "memory (single instance only)".to_string(),
             StoreBackend::Redis { url } => format!("redis {}", url.describe()),
@@ -281,8 +281,8 @@ impl Config {
             .collect();
         format!(
             "listen {} | admin {} | upstream {}\nstore {} (timeout {} ms, {} calls in flight, start-up wait {} ms)\nfail-open: {}{}\nredis memory with every queue full: ~{} MB (max_capacity x max_active_targets x {} B per waiting user)\nqueue: {} users per {} ms, capacity {}, heartbeat timeout {} s\ntoken: ttl {} s, single use {}, secret from ${}\nflag: enabled {}, rollout {}%\ngated: {}",
-            s.listen,
-            s.admin_listen,
+            server.listen,
+            server.admin_listen,
             self.upstream.address,
             store,
             self.store.command_timeout.as_millis(),
@@ -292,13 +292,13 @@ impl Config {
             self.pacing_summary(),
             self.worst_case_redis_bytes() / 1_000_000,
             crate::store::BYTES_PER_WAITING_USER,
-            q.batch_size,
-            q.tick.as_millis(),
-            q.max_capacity,
-            q.heartbeat_timeout.as_secs(),
-            t.ttl.as_secs(),
-            t.single_use,
-            t.secret_env,
+            queue.batch_size,
+            queue.tick.as_millis(),
+            queue.max_capacity,
+            queue.heartbeat_timeout.as_secs(),
+            token.ttl.as_secs(),
+            token.single_use,
+            token.secret_env,
             self.flag.enabled,
             self.flag.rollout_percent,
             if routes.is_empty() { "none".to_string() } else { routes.join(", ") },

@@ -11,12 +11,12 @@ use crate::store::GuardConfig;
 impl Config {
     /// The admission pump's settings.
     pub fn pump(&self) -> PumpConfig {
-        let q = &self.queue;
+        let queue = &self.queue;
         PumpConfig {
-            tick: q.tick,
-            batch_size: q.batch_size,
-            heartbeat_timeout: q.heartbeat_timeout,
-            max_evict_per_tick: q.max_evict_per_tick,
+            tick: queue.tick,
+            batch_size: queue.batch_size,
+            heartbeat_timeout: queue.heartbeat_timeout,
+            max_evict_per_tick: queue.max_evict_per_tick,
         }
     }
 

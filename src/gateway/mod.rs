@@ -338,9 +338,13 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        let c = &self.state.config.server;
+        let limits = &self.state.config.server;
         let no_body = session.is_body_done();
-        let facts = match hygiene::scan(session.req_header(), c.max_header_bytes, c.max_headers) {
+        let facts = match hygiene::scan(
+            session.req_header(),
+            limits.max_header_bytes,
+            limits.max_headers,
+        ) {
             Ok(facts) => facts,
             Err(hygiene::ScanError::TooLarge) => {
                 ctx.class = RouteClass::Rejected;
@@ -510,12 +514,12 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         _ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
-        let c = &self.state.config.upstream;
+        let upstream = &self.state.config.upstream;
         let mut peer = HttpPeer::new(self.state.upstream, false, String::new());
-        peer.options.connection_timeout = Some(c.connect_timeout);
-        peer.options.total_connection_timeout = Some(c.connect_timeout);
-        peer.options.read_timeout = Some(c.read_timeout);
-        peer.options.write_timeout = Some(c.write_timeout);
+        peer.options.connection_timeout = Some(upstream.connect_timeout);
+        peer.options.total_connection_timeout = Some(upstream.connect_timeout);
+        peer.options.read_timeout = Some(upstream.read_timeout);
+        peer.options.write_timeout = Some(upstream.write_timeout);
         Ok(Box::new(peer))
     }
 
