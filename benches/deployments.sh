@@ -13,7 +13,7 @@ GW_THREADS=${THREADS:-2}
 
 source benches/lib.sh
 need_tools wrk:wrk redis-server:redis-server redis-cli:redis-tools cmake:cmake python3:python3 curl:curl
-cargo build --release -q
+cargo build --release -q -p vq-gateway
 
 UP=$(port)
 python3 -m http.server "$UP" --bind 127.0.0.1 >/dev/null 2>&1 & PIDS+=($!)

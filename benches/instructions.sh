@@ -18,7 +18,7 @@ GW_THREADS=1
 
 source benches/lib.sh
 need_tools wrk:wrk nginx:nginx-light valgrind:valgrind callgrind_control:valgrind cmake:cmake python3:python3 curl:curl
-cargo build --release -q
+cargo build --release -q -p vq-gateway
 BARE_BIN=$(bare_proxy_bin)
 
 UP=$(port); BARE=$(port); BARE0=$(port)

@@ -23,7 +23,7 @@ WRK_THREADS=2
 source benches/lib.sh
 need_tools wrk:wrk nginx:nginx-light redis-server:redis-server perf:linux-perf cmake:cmake python3:python3 curl:curl
 command -v inferno-flamegraph >/dev/null || cargo install -q inferno
-cargo build --release -q
+cargo build --release -q -p vq-gateway
 mkdir -p benches/profiles
 
 UP=$(port); RP=$(port)

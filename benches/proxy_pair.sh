@@ -34,7 +34,7 @@ GW_THREADS=1
 
 source benches/lib.sh
 need_tools wrk:wrk nginx:nginx-light redis-server:redis-server cmake:cmake python3:python3 curl:curl
-cargo build --release -q
+cargo build --release -q -p vq-gateway
 BARE_BIN=$(bare_proxy_bin)
 
 UP=$(port); BARE=$(port); BARE0=$(port); RP=$(port)

@@ -13,7 +13,7 @@ GW_THREADS=${THREADS:-2}
 
 source benches/lib.sh
 need_tools wrk:wrk redis-server:redis-server redis-benchmark:redis-tools cmake:cmake python3:python3 curl:curl
-cargo build --release -q
+cargo build --release -q -p vq-gateway
 
 UP=$(port); RP=$(port)
 

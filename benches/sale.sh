@@ -2,7 +2,7 @@
 # A sale start rehearsed in the deployment ops run, all on this machine: nginx on the shipped
 # docker/nginx.conf (addresses replaced by local ports; the session service is a second nginx
 # server that maps the `session` cookie to X-User-Id), three release gateways on one private
-# Redis, `vq-gateway record-backend` behind them, and `vq-gateway simulate` through nginx.
+# Redis, `vq-sim record-backend` behind them, and `vq-sim simulate` through nginx.
 # Each spike rate given is one run on a fresh Redis and fresh gateways; a table row per run.
 # Usage: [SPIKE_S=10] [TAIL_RATE=0] [TAIL_S=0] [BATCH=500] [TICK_MS=1000] [MAX_S=40]
 #        [SALES="limited-drop:1"] [POLL_S=seconds: ignore pollAfterSeconds] [OUT=target/sale]
@@ -24,6 +24,7 @@ source benches/lib.sh
 need_tools nginx:nginx-light redis-server:redis-server redis-cli:redis-tools cmake:cmake python3:python3 curl:curl
 cargo build --release -q
 BIN=./target/release/vq-gateway
+SIM=./target/release/vq-sim
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 export VQ_TOKEN_SECRET="bench-secret-0123456789abcdefghijklmnop"
 sale_args=()
@@ -36,7 +37,7 @@ run() { # rate
   redis=$(port)
   redis-server --port "$redis" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & run_pids+=($!)
   for _ in $(seq 100); do redis-cli -p "$redis" PING >/dev/null 2>&1 && break; sleep 0.05; done
-  $BIN record-backend --listen 127.0.0.1:0 > "$WORK/backend.out" & run_pids+=($!)
+  $SIM record-backend --listen 127.0.0.1:0 > "$WORK/backend.out" & run_pids+=($!)
   for _ in $(seq 100); do grep -q listening "$WORK/backend.out" 2>/dev/null && break; sleep 0.05; done
   backend=$(sed -n 's/^record-backend listening on //p' "$WORK/backend.out")
   for i in 1 2 3; do
@@ -89,7 +90,7 @@ open(path, "w").write(conf)
 PY
   "$NGINX" -c "$WORK/nginx.conf" -p "$WORK" -e "$WORK/nginx-error.log" -g "daemon off; pid $WORK/nginx.pid;" & run_pids+=($!)
   for _ in $(seq 100); do curl -s -o /dev/null "127.0.0.1:$lb/" && break; sleep 0.05; done
-  $BIN simulate --url "http://127.0.0.1:$lb" "${sale_args[@]}" --spike-rate "$rate" --spike-s "$SPIKE_S" \
+  $SIM simulate --url "http://127.0.0.1:$lb" "${sale_args[@]}" --spike-rate "$rate" --spike-s "$SPIKE_S" \
     --tail-rate "$TAIL_RATE" --tail-s "$TAIL_S" --batch "$BATCH" --tick-ms "$TICK_MS" \
     --heartbeat-timeout-s "$HB_S" --identity cookie:session --max-duration-s "$MAX_S" \
     --backend-record "http://$backend/_record" --out "$dir" > "$dir/summary.txt"

@@ -10,7 +10,7 @@ STALLS=("$@"); [ ${#STALLS[@]} -gt 0 ] || STALLS=(200 1000 3000)
 
 source benches/lib.sh
 need_tools wrk:wrk redis-server:redis-server cmake:cmake python3:python3 curl:curl
-cargo build --release -q
+cargo build --release -q -p vq-gateway
 
 UP=$(port); GW=$(port); ADMIN=$(port); RP=$(port)
 

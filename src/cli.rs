@@ -1,5 +1,5 @@
 //! The command line (clap): `serve`, `check-config`, `flag show|set`, `target add|remove|list`,
-//! `sale create|set|show|list|pause|resume|delete`, `simulate`, `record-backend`.
+//! `sale create|set|show|list|pause|resume|delete`, `draw verify`.
 
 use std::path::PathBuf;
 
@@ -51,16 +51,6 @@ pub enum Command {
     Draw {
         #[command(subcommand)]
         action: DrawAction,
-    },
-    /// Rehearse a sale start against a gateway or load balancer URL: spike, polls, purchases;
-    /// writes report.json and chart.svg and prints a summary.
-    Simulate(Box<crate::sim::SimArgs>),
-    /// A stand-in backend for rehearsals: records purchases on the default gated routes, refuses
-    /// a second purchase by the same user (409), answers `GET /_record`.
-    RecordBackend {
-        /// Address to listen on (port 0: any free port; the bound address is printed).
-        #[arg(long, default_value = "127.0.0.1:8081")]
-        listen: std::net::SocketAddr,
     },
 }
 

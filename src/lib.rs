@@ -9,8 +9,7 @@
 //! - `config`   — TOML file (`file.rs`, serde enums) → validated (`check.rs`) `Config`, one typed
 //!   part per section (SPEC §8); `subsystems.rs` is the one place that turns it into the pump's,
 //!   the pacer's, the store guard's and the sales' own settings (they never import `config`).
-//! - `cli`      — `serve`, `check-config`, `flag show|set`, `target`, `sale`, `draw verify`,
-//!   `simulate`, `record-backend`.
+//! - `cli`      — `serve`, `check-config`, `flag show|set`, `target`, `sale`, `draw verify`.
 //! - `ops`      — the `flag`, `target` and `sale` commands: read and write them in Redis.
 //! - `server`   — builds the Pingora server: ports, upstream, store, services and their order;
 //!   the shutdown signals (SIGTERM drains, then stops).
@@ -49,8 +48,6 @@
 //! - `pump`     — admission pump background service: lock, advance, sweep (SPEC §5). Depends on
 //!   `store`, `clock`, `failopen` and `metrics` only; `tests/simulation.rs` drives it in virtual
 //!   time.
-//! - `sim`      — `simulate` (a sale start played against a URL: report, chart, summary) and
-//!   `record-backend` (the recording stand-in for the backend). Talks HTTP only.
 //! - `metrics`  — Prometheus registry and families (SPEC §10).
 //! - `error`    — `ApiError` → status + JSON body.
 //! - `logging`  — tracing subscriber (text or JSON).
@@ -67,7 +64,8 @@
 //! - `pump` imports `store`, `clock`, `failopen`, `draw`, `share` and `metrics`, nothing of HTTP.
 //! - `gateway`: `gate` may import `hygiene`, never the reverse; header names live in `headers`;
 //!   `AppState` is imported from `app` everywhere.
-//! - `sim` talks HTTP only and imports nothing of the gateway but `clock`.
+//! - Nothing here generates load: the simulator and the recording stand-in backend are the
+//!   `vq-sim` package (`benches/sim`), a client of the gateway over HTTP that imports none of it.
 //!
 //! # A request's path
 //! nginx-lb → Pingora listener (`limits`) → `Gateway::request_filter`: header limits (431) and
@@ -104,7 +102,6 @@ pub mod sale;
 pub mod server;
 pub mod settings;
 pub mod share;
-pub mod sim;
 pub mod store;
 pub mod token;
 

@@ -53,21 +53,6 @@ fn main() -> ExitCode {
                 ExitCode::from(EXIT_CONFIG)
             }
         },
-        Command::Simulate(args) => match vq_gateway::sim::run(*args) {
-            Ok(report) => {
-                print!("{}", report.summary());
-                ExitCode::SUCCESS
-            }
-            Err(e @ vq_gateway::sim::SimError::Usage(_)) => {
-                eprintln!("vq-gateway simulate: {e}");
-                ExitCode::from(EXIT_CONFIG)
-            }
-            Err(e) => {
-                eprintln!("vq-gateway simulate: {e}");
-                ExitCode::from(EXIT_START)
-            }
-        },
-        Command::RecordBackend { listen } => record_backend(listen),
         Command::Serve { config } => {
             let config = match Config::load(&config) {
                 Ok(c) => c,
@@ -198,27 +183,6 @@ fn report(result: Result<String, OpsError>) -> ExitCode {
                 }
             };
             ExitCode::from(code)
-        }
-    }
-}
-
-fn record_backend(listen: std::net::SocketAddr) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("vq-gateway record-backend: {e}");
-            return ExitCode::from(EXIT_START);
-        }
-    };
-    match runtime.block_on(vq_gateway::sim::backend::serve(listen)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("vq-gateway record-backend: cannot listen on {listen}: {e}");
-            ExitCode::from(EXIT_START)
         }
     }
 }

@@ -976,7 +976,7 @@ fn etas_follow_the_measured_rate_and_never_rise() {
         json!({"batchSize": 15, "tickMs": 250, "heartbeatTimeoutS": 4}),
     );
     let out = TempDir::new("sim-eta");
-    let output = std::process::Command::new(bin())
+    let output = std::process::Command::new(sim_bin())
         .args([
             "simulate",
             "--url",

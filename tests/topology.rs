@@ -1,6 +1,6 @@
 //! The deployment ops will run, on this machine: real nginx on the shipped `docker/nginx.conf`
 //! in front of three gateway processes on one real Redis, the recording backend behind them, and
-//! `vq-gateway simulate` playing a sale start through nginx for both target types. Mid-sale one
+//! `vq-sim simulate` playing a sale start through nginx for both target types. Mid-sale one
 //! gateway is killed (SIGKILL: nginx routes around it), another is restarted (SIGTERM, then a
 //! new process on its port: a rolling deploy) and Redis is paused for 200 ms.
 //!
@@ -22,13 +22,13 @@ use common::load::epoch_ms;
 use common::nginx::Nginx;
 use common::*;
 use serde_json::Value;
-use vq_gateway::sim::backend::Record;
+use vq_sim::backend::Record;
 
 const TICK_MS: u64 = 500;
 const BATCH: u64 = 20;
 const REPLICAS: u64 = 3;
 
-/// `vq-gateway record-backend` on a free port.
+/// `vq-sim record-backend` on a free port.
 struct RecordBackend {
     child: Child,
     addr: SocketAddr,
@@ -36,7 +36,7 @@ struct RecordBackend {
 
 impl RecordBackend {
     fn start() -> RecordBackend {
-        let mut child = Command::new(bin())
+        let mut child = Command::new(sim_bin())
             .args(["record-backend", "--listen", "127.0.0.1:0"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -110,7 +110,7 @@ fn a_sale_through_nginx_and_three_gateways_survives_a_kill_a_rolling_restart_and
     let url = format!("http://{}", lb.addr);
     let record_url = format!("http://{}/_record", backend.addr);
     let out_dir = out.0.to_string_lossy().into_owned();
-    let sim = Command::new(bin())
+    let sim = Command::new(sim_bin())
         .args([
             "simulate",
             "--url",
@@ -314,7 +314,7 @@ http {{
     let _tls = Nginx::run(&conf, port);
     let simulate = |ca: &std::path::Path, first_user: &str| -> Value {
         let out = TempDir::new("sim-tls");
-        let status = Command::new(bin())
+        let status = Command::new(sim_bin())
             .args([
                 "simulate",
                 "--url",

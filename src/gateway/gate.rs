@@ -401,8 +401,8 @@ pub enum GateDecision {
     Refuse(Denied),
 }
 
-/// The gate: method-override headers (`facts`, whatever the method), other creating methods, then
-/// the token check. Owns its metrics (tokens consumed and rejected, bypass attempts) and the log
+/// The gate: other creating methods, then the token check (method overrides were refused by
+/// `hygiene::check_route`, whatever the method). Owns its metrics (tokens consumed and rejected, bypass attempts) and the log
 /// line of a refusal.
 pub async fn decide(
     state: &AppState,
@@ -414,12 +414,7 @@ pub async fn decide(
 ) -> GateDecision {
     let route = g.route;
     let gated = route.gates(method);
-    let denied = if facts.method_override {
-        bad(
-            "method_override",
-            "method-override headers are not allowed on this route",
-        )
-    } else if !gated && super::hygiene::may_create(method) {
+    let denied = if !gated && super::hygiene::may_create(method) {
         // Another method that may create on a purchase path (PUT, PATCH, a custom one): a
         // backend that maps it to the same handler must not get it unchecked.
         Denied {

@@ -55,8 +55,8 @@ pub struct Route<'a> {
 }
 
 /// The checks that depend on the route, in order: a gated route's method must be an upper-case
-/// token; no method-override query parameters on a gated or look-alike route, nor override
-/// headers or unsafe methods on a look-alike (the gate refuses override headers on a gated one);
+/// token; no method-override query parameters or headers on a gated or look-alike route (whatever
+/// the method), nor unsafe methods on a look-alike;
 /// a protocol upgrade only as a websocket on a configured path, never on a gated route. `Ok`
 /// lets the request on (an upgrade it asked for is then allowed).
 pub fn check_route(
@@ -82,7 +82,7 @@ pub fn check_route(
             "method-override parameters are not allowed on this route",
         );
     }
-    if route.lookalike && facts.method_override {
+    if (route.gated || route.lookalike) && facts.method_override {
         return refuse(
             "method_override",
             "method-override headers are not allowed on this route",

@@ -3,10 +3,12 @@
 //!
 //! Phases, one job each:
 //! - `early_request_filter`: bound the idle keep-alive of the downstream connection.
-//! - `request_filter`: canonicalise the path once (`routing::path`), classify it (`route.rs`,
-//!   `routing::gated`), answer the queue API
-//!   (`api.rs`), check the entry token on gated routes (`gate.rs`) or reject bad requests locally;
-//!   everything else continues to the backend.
+//! - `request_filter`: a script of named steps, each a method below it: the header checks
+//!   (`hygiene::scan`), the path canonicalised once (`routing::path`), the queue API answered
+//!   (`route.rs`, `api.rs`), the route checks (`routing::gated`, `hygiene::check_route`), the
+//!   user (`identity`), the entry token on gated routes (`gate.rs`), the path the backend
+//!   receives. A step that answers the request itself says why (`Stop`); everything else
+//!   continues to the backend.
 //! - `upstream_request_filter`: forward the canonical path of a gated route (origin-form), never
 //!   the entry token.
 //! - `upstream_response_filter`: a backend refusal (final status ≥ 300) gives the single-use
@@ -78,22 +80,145 @@ impl Gateway {
         Gateway { state }
     }
 
-    /// Answers a request refused by the hygiene checks (400), counting it as a bypass attempt
-    /// when it concerned a gated route's shape.
-    async fn reject(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-        r: hygiene::Refusal,
-    ) -> Result<bool> {
+    /// Answers a request a step of `request_filter` stopped (see `Stop`).
+    async fn stop(&self, session: &mut Session, ctx: &mut RequestCtx, stop: Stop) -> Result<bool> {
         ctx.class = RouteClass::Rejected;
+        let reply = match stop {
+            Stop::HeadersTooLarge => {
+                self.count_refusal("any", "headers_too_large");
+                // The body of such a request is not worth reading: answer and close.
+                session.set_keepalive(None);
+                Box::pin(write_reply(
+                    session,
+                    &Reply::error(&ApiError::HeadersTooLarge),
+                ))
+                .await?;
+                return Ok(true);
+            }
+            Stop::Refused { route, refusal } => {
+                self.count_refusal(&route, refusal.reason);
+                tracing::info!(route = %route, reason = refusal.reason, "request refused");
+                Reply::error(&ApiError::BadRequest(refusal.detail))
+            }
+            Stop::Answer(reply) => reply,
+        };
+        answer_locally(session, &reply).await
+    }
+
+    /// A bypass attempt, labelled with the gated route it concerned (`any` when none).
+    fn count_refusal(&self, route: &str, reason: &str) {
         self.state
             .metrics
             .bypass
-            .with_label_values(&["any", r.reason])
+            .with_label_values(&[route, reason])
             .inc();
-        tracing::info!(reason = r.reason, "request refused");
-        answer_locally(session, &Reply::error(&ApiError::BadRequest(r.detail))).await
+    }
+
+    /// Step 1: the header limits and spellings (`hygiene::scan`). Notes what the forwarding
+    /// phases need and, for a request with no body to wait for (`no_body`, or one held back for
+    /// `100 Continue`), tells the connection so.
+    fn check_headers<'s>(
+        &self,
+        session: &'s Session,
+        ctx: &mut RequestCtx,
+        no_body: bool,
+    ) -> std::result::Result<hygiene::HeaderFacts<'s>, Stop> {
+        let limits = &self.state.config.server;
+        let facts = hygiene::scan(
+            session.req_header(),
+            limits.max_header_bytes,
+            limits.max_headers,
+        )
+        .map_err(|e| match e {
+            hygiene::ScanError::TooLarge => Stop::HeadersTooLarge,
+            hygiene::ScanError::Refused(refusal) => Stop::Refused {
+                route: "any".into(),
+                refusal,
+            },
+        })?;
+        ctx.never_forwarded = facts.never_forwarded;
+        ctx.underscored = facts.underscored;
+        // No body, or one held back for `100 Continue` (it waits on the backend, not on the
+        // client: its reads are left to Pingora's own read timeout): a read that waits from now
+        // on is no wait on the client.
+        if facts.expects_continue || no_body {
+            if let Some(s) = ClientStream::of(session) {
+                s.body_done();
+            }
+        }
+        Ok(facts)
+    }
+
+    /// Step 3: the queue API's answer.
+    async fn queue_api(
+        &self,
+        ctx: &mut RequestCtx,
+        req: &pingora::http::RequestHeader,
+        canonical: &path::CanonicalPath<'_>,
+    ) -> Reply {
+        match route::parse_api(canonical, &req.method) {
+            Ok(call) => {
+                ctx.class = call.op.class();
+                api::handle(&self.state, call, &req.headers).await
+            }
+            Err(e) => {
+                ctx.class = RouteClass::QueueError;
+                Reply::error(&e)
+            }
+        }
+    }
+
+    /// Step 4: the route checks of a proxied request (`hygiene::check_route`). Returns the gated
+    /// route whose shape the path has, if any; an upgrade that passed makes the connection a
+    /// tunnel.
+    fn check_route<'p>(
+        &'p self,
+        session: &Session,
+        ctx: &mut RequestCtx,
+        canonical: &'p path::CanonicalPath<'_>,
+        facts: &hygiene::HeaderFacts<'_>,
+    ) -> std::result::Result<Option<gated::GatedPath<'p>>, Stop> {
+        let gate = &self.state.config.gate;
+        let gated = gated::match_route(&gate.routes, canonical);
+        let route = hygiene::Route {
+            gated: gated.is_some(),
+            lookalike: gated.is_none() && gated::lookalike(&gate.routes, canonical),
+            path: canonical,
+            upgrade_prefixes: &gate.upgrade_prefixes,
+        };
+        if let Err(refusal) = hygiene::check_route(&route, session.req_header(), facts) {
+            let route = gated.map_or("any".into(), |g| g.route.template.clone().into());
+            return Err(Stop::Refused { route, refusal });
+        }
+        if facts.upgrade {
+            ctx.upgrade = true;
+            // A tunnel from now on: its reads are not a request body the client owes.
+            if let Some(s) = ClientStream::of(session) {
+                s.body_done();
+            }
+        }
+        Ok(gated)
+    }
+
+    /// Step 5: the user. Resolved where the gate needs it or, with JWT identity, for every
+    /// request: only a verified id reaches the backend, and a request without a valid token
+    /// goes on without any (the backend sees the Authorization header and decides).
+    fn identify(
+        &self,
+        ctx: &mut RequestCtx,
+        headers: &http::HeaderMap,
+        gated: bool,
+    ) -> std::result::Result<u64, IdentityError> {
+        let jwt = self.state.identity.is_jwt();
+        let identity = if jwt || gated {
+            self.state.identity.user(headers)
+        } else {
+            Err(IdentityError::Missing)
+        };
+        if jwt {
+            ctx.verified_user = identity.as_ref().ok().copied();
+        }
+        identity
     }
 
     /// Runs the gate on a request whose path has a gated route's shape. `Some(reply)` refuses it.
@@ -232,6 +357,36 @@ fn answer_locally<'a>(session: &'a mut Session, reply: &'a Reply) -> Local<'a, b
     })
 }
 
+/// Why a step of `request_filter` answered the request itself.
+enum Stop {
+    /// Past the header limits: 431, and the connection closes.
+    HeadersTooLarge,
+    /// Refused by the hygiene checks (400), counted as a bypass attempt on `route` (a gated
+    /// route's template, or `any`).
+    Refused {
+        route: std::borrow::Cow<'static, str>,
+        refusal: hygiene::Refusal,
+    },
+    /// Any other local answer.
+    Answer(Reply),
+}
+
+/// Step 7: the path the backend receives, when it is not the request target as it came. A
+/// gated route gets its canonical path (a target that is exactly that path goes as it came,
+/// without a rebuilt URI); a request in absolute form gets its origin-form path.
+fn forward_path(
+    raw: &[u8],
+    canonical: &path::CanonicalPath<'_>,
+    gated: Option<&gated::GatedPath<'_>>,
+) -> Option<String> {
+    match gated {
+        Some(g) if raw != g.canonical.as_bytes() => Some(g.canonical.clone().into_owned()),
+        Some(_) => None,
+        None if is_absolute_form(raw) => Some(canonical.to_path()),
+        None => None,
+    }
+}
+
 fn is_absolute_form(raw: &[u8]) -> bool {
     // Origin-form, by far the most common, starts with '/'.
     raw.first().is_some_and(|&b| b != b'/')
@@ -338,106 +493,41 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        let limits = &self.state.config.server;
+        // 1. Header limits (431) and spellings the backend might read differently (400).
         let no_body = session.is_body_done();
-        let facts = match hygiene::scan(
-            session.req_header(),
-            limits.max_header_bytes,
-            limits.max_headers,
-        ) {
+        let facts = match self.check_headers(session, ctx, no_body) {
             Ok(facts) => facts,
-            Err(hygiene::ScanError::TooLarge) => {
-                ctx.class = RouteClass::Rejected;
-                self.state
-                    .metrics
-                    .bypass
-                    .with_label_values(&["any", "headers_too_large"])
-                    .inc();
-                let reply = Reply::error(&ApiError::HeadersTooLarge);
-                // The body of such a request is not worth reading: answer and close.
-                session.set_keepalive(None);
-                Box::pin(write_reply(session, &reply)).await?;
-                return Ok(true);
-            }
-            Err(hygiene::ScanError::Refused(r)) => return self.reject(session, ctx, r).await,
+            Err(stop) => return self.stop(session, ctx, stop).await,
         };
-        ctx.never_forwarded = facts.never_forwarded;
-        ctx.underscored = facts.underscored;
-        // No body, or one held back for `100 Continue` (it waits on the backend, not on the
-        // client: its reads are left to Pingora's own read timeout): a read that waits from now
-        // on is no wait on the client.
-        if facts.expects_continue || no_body {
-            if let Some(s) = ClientStream::of(session) {
-                s.body_done();
-            }
-        }
+        // 2. The path, canonicalised once: every later step reads this one.
         let req = session.req_header();
-        let raw = req.raw_path();
-        let absolute_form = is_absolute_form(raw);
-        let canonical = match path::canonicalize(target_path(raw)) {
-            Ok(c) => c,
-            Err(_) => {
-                ctx.class = RouteClass::Rejected;
-                let e = ApiError::BadRequest("the request path is malformed or ambiguous");
-                return answer_locally(session, &Reply::error(&e)).await;
-            }
+        let Ok(canonical) = path::canonicalize(target_path(req.raw_path())) else {
+            let stop = Stop::Answer(Reply::error(&ApiError::BadRequest(
+                "the request path is malformed or ambiguous",
+            )));
+            return self.stop(session, ctx, stop).await;
         };
+        // 3. The queue API is answered here, never proxied.
         if route::is_api_path(&canonical) {
-            let reply = match route::parse_api(&canonical, &req.method) {
-                Ok(call) => {
-                    ctx.class = call.op.class();
-                    api::handle(&self.state, call, &req.headers).await
-                }
-                Err(e) => {
-                    ctx.class = RouteClass::QueueError;
-                    Reply::error(&e)
-                }
-            };
+            let reply = self.queue_api(ctx, req, &canonical).await;
             return answer_locally(session, &reply).await;
         }
+        // 4. A proxied request: the checks that depend on its route.
         ctx.class = RouteClass::Proxy;
-        let config = &self.state.config;
-        let gated = gated::match_route(&config.gate.routes, &canonical);
-        let lookalike = gated.is_none() && gated::lookalike(&config.gate.routes, &canonical);
-        let route = hygiene::Route {
-            gated: gated.is_some(),
-            lookalike,
-            path: &canonical,
-            upgrade_prefixes: &config.gate.upgrade_prefixes,
+        let gated = match self.check_route(session, ctx, &canonical, &facts) {
+            Ok(gated) => gated,
+            Err(stop) => return self.stop(session, ctx, stop).await,
         };
-        if let Err(r) = hygiene::check_route(&route, req, &facts) {
-            return self.reject(session, ctx, r).await;
-        }
-        if facts.upgrade {
-            ctx.upgrade = true;
-            // A tunnel from now on: its reads are not a request body the client owes.
-            if let Some(s) = ClientStream::of(session) {
-                s.body_done();
-            }
-        }
-        // The user, resolved once (a JWT is verified once per request).
-        let identity = if self.state.identity.is_jwt() || gated.is_some() {
-            self.state.identity.user(&req.headers)
-        } else {
-            Err(IdentityError::Missing)
-        };
-        if self.state.identity.is_jwt() {
-            // Only a verified id reaches the backend; a request without a valid token goes on
-            // without any (the backend sees the Authorization header and decides).
-            ctx.verified_user = identity.ok();
-        }
-        if let Some(g) = gated {
-            if let Some(reply) = self.gate(session, ctx, &g, &facts, identity).await {
+        // 5. The user, resolved once (a JWT is verified once per request).
+        let identity = self.identify(ctx, &req.headers, gated.is_some());
+        // 6. The gate, on a gated route's shape.
+        if let Some(g) = &gated {
+            if let Some(reply) = self.gate(session, ctx, g, &facts, identity).await {
                 return answer_locally(session, &reply).await;
             }
-            // The backend receives the canonical path; a request target that is exactly that
-            // path (no query, no other spelling) goes as it came, without a rebuilt URI.
-            if session.req_header().raw_path() != g.canonical.as_bytes() {
-                ctx.forward_path = Some(g.canonical.into_owned());
-            }
-        } else if absolute_form {
-            ctx.forward_path = Some(canonical.to_path());
         }
+        // 7. What the backend receives as the path.
+        ctx.forward_path = forward_path(req.raw_path(), &canonical, gated.as_ref());
         Ok(false)
     }
 

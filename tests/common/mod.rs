@@ -135,6 +135,20 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_vq-gateway")
 }
 
+/// The rehearsal tools' binary (`benches/sim`, package `vq-sim`). `cargo test` at the workspace
+/// root builds it beside the gateway's; a test run that selected the gateway's package alone
+/// (`-p vq-gateway`) did not, and is told so.
+#[allow(dead_code)]
+pub fn sim_bin() -> std::path::PathBuf {
+    let path = std::path::Path::new(bin()).with_file_name("vq-sim");
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests from the workspace root without -p (or `cargo build -p vq-sim` first)",
+        path.display()
+    );
+    path
+}
+
 /// A config for tests: ephemeral ports, the given upstream, short timeouts, the queue on.
 pub fn test_config(upstream: SocketAddr) -> ConfigFile {
     let mut f = ConfigFile::default();

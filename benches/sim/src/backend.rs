@@ -1,4 +1,4 @@
-//! `vq-gateway record-backend`: a stand-in for the protected backend in a rehearsal. It answers
+//! `vq-sim record-backend`: a stand-in for the protected backend in a rehearsal. It answers
 //! the two default purchase routes (`POST /limited-drops/{id}/orders`, `POST
 //! /events/{id}/seats/select`), records each purchase with its arrival time, sale and user, and
 //! refuses a second purchase by the same user for the same sale (409): behind the gate, which
@@ -17,8 +17,6 @@ use hyper::body::Incoming;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
-
-use crate::clock;
 
 /// One purchase that reached the backend.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -103,7 +101,7 @@ fn handle(state: &Mutex<State>, req: &Request<Incoming>) -> Response<Full<Bytes>
         );
     };
     let purchase = Purchase {
-        at_ms: clock::now().epoch_ms,
+        at_ms: crate::epoch_ms(),
         sale: sale.clone(),
         user,
     };

@@ -1,4 +1,4 @@
-//! `vq-gateway simulate`: plays a sale start against a running gateway or the load balancer in
+//! `vq-sim simulate`: plays a sale start against a running gateway or the load balancer in
 //! front of the replicas, as its users would: a spike of arrivals, then a tail; each user enters,
 //! polls on the interval the API suggests (`pollAfterSeconds`, with jitter), and buys once on the
 //! gated route with the token it was given. A share abandons silently, a share leaves, a share
@@ -8,7 +8,10 @@
 //! - `user`    — one virtual user: its plan and the requests it makes.
 //! - `report`  — what the traces say: rates, latencies, errors, ETA error, FIFO, the budget.
 //! - `chart`   — the SVG.
-//! - `backend` — `vq-gateway record-backend`, the recording stand-in for the backend.
+//! - `backend` — `vq-sim record-backend`, the recording stand-in for the backend.
+//!
+//! A package of its own, beside the gateway: a client of it over HTTP that imports none of it,
+//! so the sidecar neither compiles nor links the load generator's dependencies.
 
 pub mod backend;
 pub mod chart;
@@ -23,7 +26,6 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use crate::clock;
 use report::{Report, Run, StatsSample};
 use user::{Ctx, Fate, Plan, Rng, UserTrace};
 
@@ -41,6 +43,14 @@ pub enum SimError {
     Chart(String),
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
+}
+
+/// Milliseconds since the Unix epoch (the report's and the record's time base, comparable with
+/// the gateway's own clock on the same machine).
+pub fn epoch_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// How a virtual user says who it is.
@@ -351,9 +361,9 @@ async fn simulate(args: &SimArgs) -> Result<Report, SimError> {
     // 10,000 users, a second apart for up to 10,000,000.
     let first_user = args
         .first_user
-        .unwrap_or_else(|| clock::now().epoch_ms.saturating_mul(10_000));
+        .unwrap_or_else(|| crate::epoch_ms().saturating_mul(10_000));
     let plans = args.plans(first_user);
-    let started_at_ms = clock::now().epoch_ms;
+    let started_at_ms = crate::epoch_ms();
     let t0 = Instant::now();
     let ctx = Arc::new(Ctx::new(
         client.clone(),
