@@ -414,7 +414,7 @@ impl Pacer {
                 }
             }
         }
-        let b = table.entry(target).or_insert(Budget {
+        let budget = table.entry(target).or_insert(Budget {
             window,
             users: Default::default(),
             holders: Default::default(),
@@ -423,49 +423,56 @@ impl Pacer {
         // Windows only move forward: a request whose clock reading is older than the budget's
         // window (it waited on the store) spends the current window's budget, never reopens an
         // old one (which would hand out a fresh share for a tick already paid).
-        if window > b.window {
-            b.window = window;
+        if window > budget.window {
+            budget.window = window;
             // A new set, not a cleared one: a large share's capacity is not kept for a target
             // that may never come back.
-            b.users = Default::default();
+            budget.users = Default::default();
         }
-        b.holders
+        budget
+            .holders
             .retain(|_, seen| now_ms.saturating_sub(*seen) < stale_ms);
         let holder = seq.map(|seq| (seq, user));
         if let Some(key) = holder {
-            let full = b.holders.len() >= MAX_HOLDERS && !b.holders.contains_key(&key);
+            let full = budget.holders.len() >= MAX_HOLDERS && !budget.holders.contains_key(&key);
             let beyond = full
-                && b.holders
+                && budget
+                    .holders
                     .last_key_value()
                     .is_some_and(|(last, _)| *last < key);
             if !beyond {
-                b.holders.insert(key, now_ms);
-                if b.holders.len() > MAX_HOLDERS {
-                    b.holders.pop_last();
+                budget.holders.insert(key, now_ms);
+                if budget.holders.len() > MAX_HOLDERS {
+                    budget.holders.pop_last();
                 }
             }
         }
         let Some(share) = share else {
             return Pace::Held;
         };
-        if b.users.contains(&user) || b.admitted.get(&user).is_some_and(|until| *until > now_ms) {
+        if budget.users.contains(&user)
+            || budget
+                .admitted
+                .get(&user)
+                .is_some_and(|until| *until > now_ms)
+        {
             if let Some(key) = holder {
-                b.holders.remove(&key);
+                budget.holders.remove(&key);
             }
             return Pace::Admitted;
         }
-        if b.users.len() >= share {
+        if budget.users.len() >= share {
             return Pace::Spent;
         }
-        let left = share - b.users.len();
+        let left = share - budget.users.len();
         match holder {
-            Some(key) if b.holders.range(..key).count() >= left => return Pace::Spent,
+            Some(key) if budget.holders.range(..key).count() >= left => return Pace::Spent,
             Some(key) => {
-                b.holders.remove(&key);
+                budget.holders.remove(&key);
             }
             None => {
                 let first_half = now_ms % self.cfg.tick_ms < self.cfg.tick_ms / 2;
-                if first_half && !b.holders.is_empty() {
+                if first_half && !budget.holders.is_empty() {
                     return Pace::Spent;
                 }
             }
@@ -480,12 +487,13 @@ impl Pacer {
             }
             budgets.strangers += 1;
         }
-        b.users.insert(user);
-        if b.admitted.len() >= MAX_REMEMBERED {
-            b.admitted.retain(|_, until| *until > now_ms);
+        budget.users.insert(user);
+        if budget.admitted.len() >= MAX_REMEMBERED {
+            budget.admitted.retain(|_, until| *until > now_ms);
         }
-        if b.admitted.len() < MAX_REMEMBERED {
-            b.admitted
+        if budget.admitted.len() < MAX_REMEMBERED {
+            budget
+                .admitted
                 .insert(user, now_ms.saturating_add(self.cfg.paced_for_ms));
         }
         Pace::Admitted

@@ -255,12 +255,12 @@ impl Pump {
                 Duration::from_millis(self.pacer.config().pace_until_ms()),
             )
             .await;
-        let n = match self
+        let replicas = match self
             .store
             .update_roster(self.registering(asked, presence, false))
             .await
         {
-            Ok(n) => n,
+            Ok(replicas) => replicas,
             // Who stopped registering is unknown: what this instance's own recorded slice admits
             // (while the roster still holds it) is what the others' slices, which never
             // overlap it, surely leave.
@@ -275,36 +275,40 @@ impl Pump {
             }
         };
         if presence.is_some() {
-            self.store.presence_seen(n.presence_seen);
+            self.store.presence_seen(replicas.presence_seen);
         }
-        if n.retired {
+        if replicas.retired {
             tracing::error!(
                 instance = %self.instance,
                 name = %self.name,
                 "a newer instance registered with this replica's name: this one paces nobody from now on (two replicas with one server.replica_name?)"
             );
         }
-        if n.dead > 0 || n.retired_others > 0 {
+        if replicas.dead > 0 || replicas.retired_others > 0 {
             tracing::info!(
-                dead = n.dead,
-                retired = n.retired_others,
+                dead = replicas.dead,
+                retired = replicas.retired_others,
                 "replicas gone from the roster: their part of the batch is no longer held back"
             );
         }
         // The pacer divides by every replica seen recently: one that died lately makes each
         // slice smaller (fewer admissions), never larger.
-        self.pacer
-            .registered(n.recorded, n.desired, sent_ms, n.recent.max(n.live));
+        self.pacer.registered(
+            replicas.recorded,
+            replicas.desired,
+            sent_ms,
+            replicas.recent.max(replicas.live),
+        );
         self.roster_credit_ms
-            .store(n.credit_ms, std::sync::atomic::Ordering::Relaxed);
-        self.metrics.replicas.set(i64::from(n.live));
+            .store(replicas.credit_ms, std::sync::atomic::Ordering::Relaxed);
+        self.metrics.replicas.set(i64::from(replicas.live));
         // Gateways of older versions pace a share of this file's batch.
         let batch = self.cfg.batch_size.get();
-        let legacy = n.held_back_legacy.min(batch);
+        let legacy = replicas.held_back_legacy.min(batch);
         Some(Reading {
             part: Part {
                 ppm: self.share_ppm(batch - legacy),
-                held_back: n.held_back,
+                held_back: replicas.held_back,
                 only: None,
             },
             sent_ms,
@@ -408,10 +412,11 @@ impl Pump {
             )
             .await?;
         report.evicted += evicted;
-        let m = &self.metrics;
-        m.evicted.with_label_values(&[&label]).inc_by(evicted);
+        let metrics = &self.metrics;
+        metrics.evicted.with_label_values(&[&label]).inc_by(evicted);
         let remaining = adv.waiting.saturating_sub(evicted);
-        m.length
+        metrics
+            .length
             .with_label_values(&[&label])
             .set(i64::try_from(remaining).unwrap_or(i64::MAX));
         let retire = {
@@ -426,7 +431,7 @@ impl Pump {
         if retire {
             store.retire_target(target).await?;
             self.empty.lock().remove(&target);
-            let _ = m.length.remove_label_values(&[&label]);
+            let _ = metrics.length.remove_label_values(&[&label]);
         }
         Ok(true)
     }

@@ -252,8 +252,8 @@ impl SalePatch {
         let json = match name {
             "state" => serde_json::json!({ name: value }),
             _ if FIELDS.contains(&name) => {
-                let n: u64 = value.parse().map_err(|_| bad(name, "must be an integer"))?;
-                serde_json::json!({ name: n })
+                let number: u64 = value.parse().map_err(|_| bad(name, "must be an integer"))?;
+                serde_json::json!({ name: number })
             }
             _ => {
                 return Err(bad(

@@ -153,14 +153,14 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
                 .with_sale_defaults(defaults),
         ),
         StoreBackend::Redis { url } => {
-            let s = Arc::new(
+            let store = Arc::new(
                 RedisStore::from_url(url, config.store.command_timeout)
                     .map_err(|e| StartError::Store(e.to_string()))?
                     .with_max_targets(max_targets)
                     .with_sale_defaults(defaults),
             );
-            redis_store = Some(s.clone());
-            s
+            redis_store = Some(store.clone());
+            store
         }
     };
     let flag_defaults = FlagState::new(config.flag.enabled, config.flag.rollout_percent);

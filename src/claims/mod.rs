@@ -195,27 +195,27 @@ impl Claims {
             return;
         };
         let journal_line = {
-            let mut c = self.inner.lock();
-            c.leases.remove(&k);
-            let known = c.table.get_mut(&k).map(|e| {
+            let mut inner = self.inner.lock();
+            inner.leases.remove(&k);
+            let known = inner.table.get_mut(&k).map(|e| {
                 e.in_flight = false;
                 *e
             });
             let entry = match known {
                 Some(e) => Some(e),
-                None if c.make_room(now_s) => {
-                    let e = Entry {
+                None if inner.make_room(now_s) => {
+                    let entry = Entry {
                         until,
                         local: false,
                         in_flight: false,
                     };
-                    c.table.insert(k, e);
-                    Some(e)
+                    inner.table.insert(k, entry);
+                    Some(entry)
                 }
                 None => None,
             };
             if unconfirmed && entry.is_some_and(|e| !e.local) {
-                c.pending.push((target, id.to_string(), until));
+                inner.pending.push((target, id.to_string(), until));
             }
             entry.is_some_and(|e| !e.local)
         };
@@ -239,11 +239,11 @@ impl Claims {
             return LocalClaim::Refused;
         };
         {
-            let mut c = self.inner.lock();
-            if c.table.get(&k).is_some_and(|e| e.until > now_s) {
+            let mut inner = self.inner.lock();
+            if inner.table.get(&k).is_some_and(|e| e.until > now_s) {
                 return LocalClaim::AlreadyUsed;
             }
-            let tried = c
+            let tried = inner
                 .local_attempts
                 .get(&k)
                 .filter(|(_, u)| *u > now_s)
@@ -251,10 +251,10 @@ impl Claims {
             if tried >= max_attempts {
                 return LocalClaim::Exhausted;
             }
-            if !c.make_room(now_s) {
+            if !inner.make_room(now_s) {
                 return LocalClaim::Refused;
             }
-            c.table.insert(
+            inner.table.insert(
                 k,
                 Entry {
                     until,
@@ -262,8 +262,8 @@ impl Claims {
                     in_flight: true,
                 },
             );
-            c.local_attempts.insert(k, (tried + 1, until));
-            c.pending.push((target, id.to_string(), until));
+            inner.local_attempts.insert(k, (tried + 1, until));
+            inner.pending.push((target, id.to_string(), until));
         }
         if let Some(journal) = &self.journal {
             if let Err(e) = journal

@@ -331,11 +331,11 @@ fn degraded(
         .inc();
     Ok(match decision.answer {
         Answer::Admit => {
-            let c = candidate(state, target, user, now);
+            let minted = candidate(state, target, user, now);
             state.count_token(target, "issued");
             let status = EntryStatus::DirectAdmitted {
-                token: c.token,
-                expires_at: c.expires_at,
+                token: minted.token,
+                expires_at: minted.expires_at,
             };
             Reply::json(200, &QueueEntryResponse::from(status).degraded())
         }
@@ -425,9 +425,9 @@ async fn poll(
     // Signed only when the store finds the user admitted without a token (once per user).
     let minted = std::sync::OnceLock::new();
     let mint = || {
-        let c = candidate(state, target, user, now);
-        let _ = minted.set(c.token.clone());
-        c
+        let fresh = candidate(state, target, user, now);
+        let _ = minted.set(fresh.token.clone());
+        fresh
     };
     match state.store.poll(target, user, now, &mint).await {
         Ok(PollOutcome::Waiting { seq, ahead }) => Ok(waiting(

@@ -675,8 +675,8 @@ impl ProxyHttp for Gateway {
         }
         let elapsed = now.saturating_duration_since(ctx.started);
         let class = ctx.class.as_str();
-        let m = &self.state.metrics;
-        m.count_request(class, status_label(status), elapsed.as_secs_f64());
+        let metrics = &self.state.metrics;
+        metrics.count_request(class, status_label(status), elapsed.as_secs_f64());
         let req = session.req_header();
         tracing::info!(
             target: "access",

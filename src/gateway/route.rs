@@ -86,8 +86,8 @@ pub fn is_api_path(path: &CanonicalPath) -> bool {
 /// Parses `/virtual-queues/{type}/{targetId}/...` (SPEC §3). Checks in the order a client can act
 /// on: the type (404), the id (400), the resource (400), then the method (405).
 pub fn parse_api(path: &CanonicalPath, method: &Method) -> Result<ApiCall, ApiError> {
-    let mut s = path.segments().skip(1);
-    let kind = match s.next() {
+    let mut segments = path.segments().skip(1);
+    let kind = match segments.next() {
         Some(t) => TargetType::from_path_segment(t).ok_or(ApiError::UnknownTargetType)?,
         None => {
             return Err(ApiError::BadRequest(
@@ -95,13 +95,13 @@ pub fn parse_api(path: &CanonicalPath, method: &Method) -> Result<ApiCall, ApiEr
             ))
         }
     };
-    let id = s
+    let id = segments
         .next()
         .and_then(parse_positive_id)
         .ok_or(ApiError::BadRequest("targetId must be a positive integer"))?;
     let target = QueueTarget::new(kind, id);
     // The resource: at most two segments after the id (a third makes it unknown).
-    let rest = [s.next(), s.next(), s.next()];
+    let rest = [segments.next(), segments.next(), segments.next()];
     let op = match (rest, method) {
         ([Some("entries"), None, None], &Method::POST) => ApiOp::Enter,
         ([Some("entries"), Some("me"), None], &Method::GET) => ApiOp::Poll,

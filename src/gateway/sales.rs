@@ -228,7 +228,7 @@ async fn draw_export(state: &Arc<AppState>, target: QueueTarget) -> SalesAnswer 
         }
         Err(e) => return store_error(&e),
     };
-    let mut v = serde_json::json!({
+    let mut body = serde_json::json!({
         "sale": target.to_string(),
         "commitment": sale.draw_commitment,
         "opensAt": sale.opens_at_ms,
@@ -240,13 +240,13 @@ async fn draw_export(state: &Arc<AppState>, target: QueueTarget) -> SalesAnswer 
         };
         let mut entrants = order.clone();
         entrants.sort_unstable();
-        v["drawnAt"] = sale.drawn_at_ms.into();
-        v["seed"] = sale.draw_seed.into();
-        v["algorithm"] = crate::draw::ALGORITHM.into();
-        v["entrants"] = entrants.into();
-        v["order"] = order.into();
+        body["drawnAt"] = sale.drawn_at_ms.into();
+        body["seed"] = sale.draw_seed.into();
+        body["algorithm"] = crate::draw::ALGORITHM.into();
+        body["entrants"] = entrants.into();
+        body["order"] = order.into();
     }
-    (200, Some(v))
+    (200, Some(body))
 }
 
 async fn list(state: &Arc<AppState>) -> SalesAnswer {

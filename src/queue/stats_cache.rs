@@ -56,20 +56,20 @@ impl StatsCache {
                 return Lookup::Busy;
             }
         }
-        let e = entries.entry(target).or_default();
-        let stale = e.value.map(|(_, s)| s);
-        if let Some((at, s)) = e.value {
+        let entry = entries.entry(target).or_default();
+        let stale = entry.value.map(|(_, s)| s);
+        if let Some((at, s)) = entry.value {
             if now.saturating_duration_since(at) < FRESH {
                 return Lookup::Answer(s);
             }
         }
-        match e.refreshing {
+        match entry.refreshing {
             Some(since) if now.saturating_duration_since(since) < REFRESH_TIMEOUT => match stale {
                 Some(s) => Lookup::Answer(s),
                 None => Lookup::Busy,
             },
             _ => {
-                e.refreshing = Some(now);
+                entry.refreshing = Some(now);
                 Lookup::Refresh { stale }
             }
         }

@@ -238,10 +238,10 @@ impl StoreGuard {
         let admit = if guarded {
             match self.breaker.admit(Instant::now()) {
                 Admit::Reject => {
-                    let e =
+                    let error =
                         StoreError::Unavailable("circuit open: the store is not answering".into());
-                    self.failed(class, op, &e);
-                    return Err(e);
+                    self.failed(class, op, &error);
+                    return Err(error);
                 }
                 a => a,
             }

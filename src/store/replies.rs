@@ -254,8 +254,8 @@ pub fn instances(v: Value) -> Result<super::Roster, StoreError> {
     let text =
         |i: usize| -> Result<String, StoreError> { Ok(get(i)?.as_string().unwrap_or_default()) };
     let slice = |i: usize| -> Result<Slice, StoreError> {
-        let t = text(i)?;
-        Slice::parse(&t).ok_or_else(|| StoreError::Protocol(format!("bad slice {t:?}")))
+        let field = text(i)?;
+        Slice::parse(&field).ok_or_else(|| StoreError::Protocol(format!("bad slice {field:?}")))
     };
     let held = text(3)?;
     let held_back = held

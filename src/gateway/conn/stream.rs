@@ -277,8 +277,8 @@ impl ClientStream {
     /// for a write (an answer, its last bytes flushed after the request ended included), the
     /// stall bound.
     fn deadline(&mut self, writing: bool) -> Option<u64> {
-        let s = &self.shared;
-        let phase = s.idle_since.load(Ordering::Relaxed);
+        let shared = &self.shared;
+        let phase = shared.idle_since.load(Ordering::Relaxed);
         if !writing {
             if phase == FRESH {
                 return Some(self.accepted_ns.saturating_add(nanos(self.bounds.first)));
@@ -286,21 +286,21 @@ impl ClientStream {
             if phase != BUSY {
                 return Some(phase.saturating_add(nanos(self.bounds.idle)));
             }
-            if s.body_done.load(Ordering::Relaxed) {
+            if shared.body_done.load(Ordering::Relaxed) {
                 return None;
             }
         }
-        let request = s.requests.load(Ordering::Relaxed);
+        let request = shared.requests.load(Ordering::Relaxed);
         if self.io.request != request {
             self.io = Io {
                 request,
                 ..Io::default()
             };
         }
-        let now = s.now_ns();
+        let now = shared.now_ns();
         let since = *self.io.waiting_since.get_or_insert(now);
         self.io.waited = true;
-        s.stall_since.store(since, Ordering::Relaxed);
+        shared.stall_since.store(since, Ordering::Relaxed);
         let stall = nanos(self.bounds.stall);
         let earned = self
             .io
@@ -351,27 +351,27 @@ impl ClientStream {
                 return false;
             }
         }
-        let t = timer.get_or_insert_with(|| Armed {
+        let armed = timer.get_or_insert_with(|| Armed {
             sleep: Box::pin(tokio::time::sleep_until(end)),
             waker: cx.waker().clone(),
         });
-        if !t.waker.will_wake(cx.waker()) {
-            t.waker = cx.waker().clone();
+        if !armed.waker.will_wake(cx.waker()) {
+            armed.waker = cx.waker().clone();
         }
-        if t.sleep.deadline() > end {
+        if armed.sleep.deadline() > end {
             // Set for a later end than this wait's (a longer bound of an earlier wait).
-            t.sleep.as_mut().reset(end);
+            armed.sleep.as_mut().reset(end);
         }
         loop {
-            if t.sleep.as_mut().poll(cx).is_pending() {
+            if armed.sleep.as_mut().poll(cx).is_pending() {
                 return false;
             }
             // The timer fired. Its deadline may be an earlier wait's: move it to this one's
             // end, unless that has passed too.
-            if t.sleep.deadline() >= end {
+            if armed.sleep.deadline() >= end {
                 return true;
             }
-            t.sleep.as_mut().reset(end);
+            armed.sleep.as_mut().reset(end);
         }
     }
 
@@ -461,10 +461,10 @@ impl AsyncRead for ClientStream {
         let read = Pin::new(&mut this.inner).poll_read(cx, buf);
         match read {
             Poll::Ready(Ok(())) => {
-                let n = buf.filled().len() - before;
+                let read = buf.filled().len() - before;
                 let phase = this.shared.idle_since.load(Ordering::Relaxed);
                 if phase == BUSY {
-                    this.moved(n);
+                    this.moved(read);
                 } else if this.shared.watch_header.load(Ordering::Relaxed) {
                     if this.header.is_complete() {
                         this.header.reset();

@@ -287,16 +287,16 @@ impl MemoryStore {
                 }
             }
         }
-        let t = map.entry(target).or_default();
-        let result = f(t);
-        match (was_open, !t.waiting.is_empty()) {
+        let state = map.entry(target).or_default();
+        let result = f(state);
+        match (was_open, !state.waiting.is_empty()) {
             (false, true) => *open += 1,
             (true, false) => *open = open.saturating_sub(1),
             _ => {}
         }
         // A read of a target nobody entered (poll, stats, a pump visit) leaves nothing behind, so
         // clients cannot grow the map past `max_targets` by naming ids.
-        if t.seq == 0 && t.tokens.is_empty() {
+        if state.seq == 0 && state.tokens.is_empty() {
             map.remove(&target);
         }
         Ok(result)
@@ -460,11 +460,11 @@ impl QueueStore for MemoryStore {
             let (avg, p95) = if waits.is_empty() {
                 (0.0, 0.0)
             } else {
-                let n = waits.len();
+                let count = waits.len();
                 let sum: u64 = waits.iter().sum();
-                let idx = ((n as f64 * 0.95).ceil() as usize).clamp(1, n) - 1;
+                let idx = ((count as f64 * 0.95).ceil() as usize).clamp(1, count) - 1;
                 let p95 = waits.get(idx).copied().unwrap_or(0);
-                (sum as f64 / n as f64 / 1000.0, p95 as f64 / 1000.0)
+                (sum as f64 / count as f64 / 1000.0, p95 as f64 / 1000.0)
             };
             // Three decimals, rounded as `stats.lua` formats them (`%.3f`), so both stores give
             // the same answer (the differential test compares them).
@@ -511,11 +511,11 @@ impl QueueStore for MemoryStore {
         self.with_target(target, now, |t| {
             // As advance.lua: the sale's batch, tick and state, or the defaults for a sale that
             // does not exist.
-            let d = self.defaults;
+            let defaults = self.defaults;
             let sale = operators.or_else(|| t.auto_sale.clone());
             let (batch_size, tick_ms, paused) = match &sale {
                 Some(s) => (s.batch_size, s.tick_ms, s.state == SaleState::Paused),
-                None => (d.batch_size, d.tick_ms, false),
+                None => (defaults.batch_size, defaults.tick_ms, false),
             };
             let batch = part.users(batch_size, now.epoch_ms / tick_ms.max(1));
             let min_ms = tick_ms * 95 / 100;
@@ -588,11 +588,11 @@ impl QueueStore for MemoryStore {
         // on are kept, the others evicted lowest seq first; with the cutoff too far back, or
         // before the width took effect, nobody.
         let operators = self.sales.lock().get(&target).cloned();
-        let d = self.defaults;
+        let defaults = self.defaults;
         self.with_target(target, now, |t| {
             let sale = operators
                 .or_else(|| t.auto_sale.clone())
-                .unwrap_or_else(|| d.sale(0));
+                .unwrap_or_else(|| defaults.sale(0));
             let cutoff_ms = now
                 .epoch_ms
                 .saturating_sub(sale.heartbeat_timeout_s * 1000)
@@ -651,14 +651,15 @@ impl QueueStore for MemoryStore {
         if sale.opens_at_ms == 0 || now.epoch_ms < sale.opens_at_ms {
             return Ok(DrawStep::NotYet);
         }
-        let t = targets.map.get_mut(&target);
+        let state = targets.map.get_mut(&target);
         if sale.draw_seq == 0 {
-            sale.draw_seq = t.as_ref().map_or(0, |t| t.seq);
+            sale.draw_seq = state.as_ref().map_or(0, |state| state.seq);
         }
         let draw_seq = sale.draw_seq;
-        let mut entrants: Vec<(u64, u64)> = t
-            .map(|t| {
-                t.waiting
+        let mut entrants: Vec<(u64, u64)> = state
+            .map(|state| {
+                state
+                    .waiting
                     .iter()
                     .filter(|(_, w)| w.seq <= draw_seq)
                     .map(|(u, w)| (*u, w.seq))
@@ -809,13 +810,13 @@ impl QueueStore for MemoryStore {
             claims.retain(|_, c| c.expires > at);
         }
         let key = (target, token_id.to_string());
-        let c = claims
+        let claim = claims
             .entry(key)
-            .and_modify(|c| {
-                if c.expires <= at {
-                    c.spent = false;
-                    c.pending = None;
-                    c.attempts = 0;
+            .and_modify(|claim| {
+                if claim.expires <= at {
+                    claim.spent = false;
+                    claim.pending = None;
+                    claim.attempts = 0;
                 }
             })
             .or_insert(StoredClaim {
@@ -825,29 +826,29 @@ impl QueueStore for MemoryStore {
                 attempts: 0,
             });
         let lease_until = at.saturating_add(millis(terms.lease));
-        if c.spent {
+        if claim.spent {
             return Ok(ClaimTake::Spent);
         }
-        match &c.pending {
+        match &claim.pending {
             Some((holder, until)) if *until > at => {
                 if holder == owner {
-                    c.pending = Some((owner.to_string(), lease_until));
+                    claim.pending = Some((owner.to_string(), lease_until));
                     return Ok(ClaimTake::Taken {
-                        attempts: c.attempts,
+                        attempts: claim.attempts,
                     });
                 }
                 return Ok(ClaimTake::InFlight);
             }
             _ => {}
         }
-        if c.attempts >= terms.max_attempts {
+        if claim.attempts >= terms.max_attempts {
             return Ok(ClaimTake::Exhausted);
         }
-        c.attempts += 1;
-        c.pending = Some((owner.to_string(), lease_until));
-        c.expires = c.expires.max(at.saturating_add(millis(terms.ttl)));
+        claim.attempts += 1;
+        claim.pending = Some((owner.to_string(), lease_until));
+        claim.expires = claim.expires.max(at.saturating_add(millis(terms.ttl)));
         Ok(ClaimTake::Taken {
-            attempts: c.attempts,
+            attempts: claim.attempts,
         })
     }
 
@@ -864,15 +865,15 @@ impl QueueStore for MemoryStore {
         let at = now.epoch_ms;
         let key = (target, token_id.to_string());
         if settle == Settle::Spend {
-            let c = claims.entry(key).or_insert(StoredClaim {
+            let claim = claims.entry(key).or_insert(StoredClaim {
                 expires: 0,
                 spent: false,
                 pending: None,
                 attempts: 1,
             });
-            c.spent = true;
-            c.pending = None;
-            c.expires = c.expires.max(at.saturating_add(millis(terms.ttl)));
+            claim.spent = true;
+            claim.pending = None;
+            claim.expires = claim.expires.max(at.saturating_add(millis(terms.ttl)));
             return Ok(true);
         }
         let Some(c) = claims.get_mut(&key) else {

@@ -243,20 +243,20 @@ async fn deliver(open: &Open, key: BatchKey, batch: Batch, send: SendBatch) {
         replies,
         ..
     } = batch;
-    let n = users.len();
+    let count = users.len();
     let in_flight = InFlight::start(open, key);
     let sent = send(users, now_ms).await;
     drop(in_flight);
     match sent {
-        Ok(values) if values.len() == n => {
+        Ok(values) if values.len() == count => {
             for (tx, value) in replies.into_iter().zip(values) {
                 let _ = tx.send(Ok(value));
             }
         }
         Ok(values) => {
-            let e = StoreError::Protocol(format!("{} replies for {n} users", values.len()));
+            let error = StoreError::Protocol(format!("{} replies for {count} users", values.len()));
             for tx in replies {
-                let _ = tx.send(Err(e.clone()));
+                let _ = tx.send(Err(error.clone()));
             }
         }
         Err(e) => {
