@@ -13,6 +13,11 @@ use std::collections::HashSet;
 
 use crate::queue::QueueTarget;
 
+/// Targets registered by ops (`queue.targets = "registered"`; `vq-gateway target add`): a Redis
+/// set, kept here beside the other names of this module's decision so that the pure modules need
+/// nothing of the store.
+pub const REGISTERED_KEY: &str = "queue:targets";
+
 /// Targets read from Redis at most (a bigger set is truncated and logged).
 pub const MAX_REGISTERED: usize = 100_000;
 

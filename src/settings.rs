@@ -47,7 +47,7 @@ impl DocKind {
     pub fn key(self) -> &'static str {
         match self {
             DocKind::Flag => crate::flag::FLAG_KEY,
-            DocKind::Targets => crate::store::REGISTERED_KEY,
+            DocKind::Targets => crate::allowed::REGISTERED_KEY,
         }
     }
 

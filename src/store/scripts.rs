@@ -97,8 +97,7 @@ impl Scripts {
 /// The set of targets the pump visits (written outside the per-target scripts).
 pub const ACTIVE_KEY: &str = "queue:active";
 
-/// Targets registered by ops (`queue.targets = "registered"`; `vq-gateway target add`).
-pub const REGISTERED_KEY: &str = "queue:targets";
+pub use crate::allowed::REGISTERED_KEY;
 
 /// The replica roster (`instances.lua`): live gateway replicas, for the fail-open pacer.
 pub const INSTANCES_KEY: &str = "queue:instances";

@@ -7,7 +7,8 @@
 //!   of holding memory;
 //! - each connection is bounded in time ([`ClientStream`], `stream.rs`): its first request's
 //!   header, the idle time between requests, and the waits on the client during a request; a
-//!   header too large is answered 431 as it arrives (`header.rs`).
+//!   header too large is answered 431 as it arrives (`header.rs`); what the request hooks, the
+//!   stream and the table share of a connection is `shared.rs`.
 //!
 //! Pingora's HTTP app serves all requests of a keep-alive connection inside one `process_new`
 //! call. This wrapper does its work before that call and hands back the app's own future, so
@@ -16,6 +17,7 @@
 //! its stream, so it is given back when the socket is dropped, however the connection ends.
 
 mod header;
+mod shared;
 mod stream;
 mod table;
 

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::stream::Shared;
+use super::shared::Shared;
 
 /// Slots looked at per eviction.
 const SAMPLE: usize = 32;
