@@ -256,6 +256,35 @@ impl SettingsRefresher {
 }
 
 /// Re-reads the run-time settings every `FLAG_REFRESH` (SPEC §7: every instance within 3 s).
+#[async_trait]
+impl crate::gateway::console::FlagWriter for SettingsRefresher {
+    /// Sets the fields in `queue:flag` (as `vq-gateway flag set` does) and reads the document
+    /// back at once, so this replica answers with the change before its next refresh.
+    async fn write_flag(&self, fields: &[(String, String)]) -> Result<u64, String> {
+        let now_ms = crate::clock::now().epoch_ms;
+        let written = self
+            .state
+            .store
+            .background(
+                "settings",
+                self.store
+                    .write_doc(DocKind::Flag, "set", now_ms, false, fields),
+            )
+            .await
+            .map_err(|e| format!("the flag could not be written: {e}"))?;
+        match written {
+            (status, version) if status == "ok" => {
+                self.refresh(DocKind::Flag).await;
+                Ok(version)
+            }
+            (status, _) if status == "missing" => Err(
+                "the flag document is missing from Redis (lost, or not created yet); the replicas write it back within seconds: try again".into(),
+            ),
+            (status, _) => Err(format!("the flag could not be written: `{status}`")),
+        }
+    }
+}
+
 /// Starts after `RedisConnection` (a service dependency).
 pub struct RuntimeSettings {
     pub refresher: Arc<SettingsRefresher>,

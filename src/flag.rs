@@ -57,6 +57,84 @@ pub const FLAG_KEY: &str = "queue:flag";
 /// The field of [`FLAG_KEY`] that holds [`FlagState::queued_since`].
 pub const QUEUED_SINCE: &str = "queued_since";
 
+/// An operator's change of the flag (`vq-gateway flag set`, the console's `PUT /flag`): the
+/// global switch and rollout, or one sale's override.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlagChange {
+    pub enabled: Option<bool>,
+    pub rollout: Option<u8>,
+    /// One sale's override instead of the global switch (needs `enabled`; the rollout is global).
+    pub target: Option<QueueTarget>,
+}
+
+impl FlagChange {
+    /// The fields written into [`FLAG_KEY`]. Any change that can turn the queue on for someone
+    /// (a sale or everyone switched on, the rollout moved) also says when (`now_s`): a token
+    /// handed out before then without queueing no longer passes the gate on its own
+    /// ([`FlagState::queued_since`]). Errors name the field at fault.
+    pub fn fields(&self, now_s: u64) -> Result<Vec<(String, String)>, String> {
+        let on_off = |on: bool| if on { "on" } else { "off" }.to_string();
+        let mut fields = Vec::new();
+        match self.target {
+            Some(target) => {
+                if self.rollout.is_some() {
+                    return Err("rollout is global: set it without a target".into());
+                }
+                let on = self
+                    .enabled
+                    .ok_or("a target's override needs enabled (on or off)")?;
+                fields.push((target.to_string(), on_off(on)));
+            }
+            None => {
+                if let Some(on) = self.enabled {
+                    fields.push(("enabled".to_string(), on_off(on)));
+                }
+                if let Some(p) = self.rollout {
+                    if p > 100 {
+                        return Err(format!("rollout {p} is outside 0..=100"));
+                    }
+                    fields.push(("rollout_percent".to_string(), p.to_string()));
+                }
+                if fields.is_empty() {
+                    return Err("nothing to set: give enabled and/or rollout".into());
+                }
+            }
+        }
+        if self.enabled == Some(true) || self.rollout.is_some() {
+            fields.push((QUEUED_SINCE.to_string(), now_s.to_string()));
+        }
+        Ok(fields)
+    }
+
+    /// A JSON object of `enabled` (true or false), `rolloutPercent` (0 to 100) and `target`
+    /// (`LIMITED_DROP:42`), strictly: unknown keys and other types are refused.
+    pub fn from_json(body: &[u8]) -> Result<FlagChange, String> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields, rename_all = "camelCase")]
+        struct Raw {
+            enabled: Option<bool>,
+            rollout_percent: Option<u8>,
+            target: Option<String>,
+        }
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err("the body must be a JSON object".into());
+        }
+        let raw: Raw = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+        let target = match raw.target {
+            None => None,
+            Some(t) => Some(
+                QueueTarget::parse_key(&t)
+                    .ok_or_else(|| format!("target `{t}` is not TYPE:ID (e.g. LIMITED_DROP:42)"))?,
+            ),
+        };
+        Ok(FlagChange {
+            enabled: raw.enabled,
+            rollout: raw.rollout_percent,
+            target,
+        })
+    }
+}
+
 /// Parses `on` / `off`, the only spellings the flag hash uses.
 pub fn parse_on_off(v: &str) -> Option<bool> {
     match v {

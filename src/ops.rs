@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{Config, StoreBackend};
-use crate::flag::{FlagState, FLAG_KEY, QUEUED_SINCE};
+use crate::flag::{FlagState, FLAG_KEY};
 use crate::queue::QueueTarget;
 use crate::sale::{Sale, SalePatch, SaleState};
 use crate::settings::DocKind;
@@ -157,57 +157,22 @@ pub fn show(config: &Config) -> Result<String, OpsError> {
 
 /// `flag set`: writes the change to `queue:flag`.
 pub fn set(config: &Config, change: &FlagChange) -> Result<String, OpsError> {
-    let mut fields = Vec::new();
-    match &change.target {
-        Some(t) => {
-            let target = QueueTarget::parse_key(t).ok_or_else(|| {
-                OpsError::Usage(format!(
-                    "--target `{t}` is not TYPE:ID (e.g. LIMITED_DROP:42)"
-                ))
-            })?;
-            if change.rollout.is_some() {
-                return Err(OpsError::Usage(
-                    "--rollout is global; set it without --target".into(),
-                ));
-            }
-            let on = change
-                .enabled
-                .ok_or_else(|| OpsError::Usage("--target needs --enabled on|off".into()))?;
-            fields.push((
-                target.to_string(),
-                if on { "on" } else { "off" }.to_string(),
-            ));
-        }
-        None => {
-            if let Some(on) = change.enabled {
-                fields.push((
-                    "enabled".to_string(),
-                    if on { "on" } else { "off" }.to_string(),
-                ));
-            }
-            if let Some(p) = change.rollout {
-                if p > 100 {
-                    return Err(OpsError::Usage(format!("--rollout {p} is outside 0..=100")));
-                }
-                fields.push(("rollout_percent".to_string(), p.to_string()));
-            }
-            if fields.is_empty() {
-                return Err(OpsError::Usage(
-                    "nothing to set: give --enabled and/or --rollout".into(),
-                ));
-            }
-        }
-    }
-    // Any change that can turn the queue on for someone (a target or everyone switched on, the
-    // rollout moved) also says when: a token handed out before then without queueing no longer
-    // passes the gate on its own (`FlagState::queued_since`).
-    let turns_on = change.enabled == Some(true) || change.rollout.is_some();
-    if turns_on {
-        fields.push((
-            QUEUED_SINCE.to_string(),
-            (crate::clock::now().epoch_ms / 1000).to_string(),
-        ));
-    }
+    let target = match &change.target {
+        None => None,
+        Some(t) => Some(QueueTarget::parse_key(t).ok_or_else(|| {
+            OpsError::Usage(format!(
+                "--target `{t}` is not TYPE:ID (e.g. LIMITED_DROP:42)"
+            ))
+        })?),
+    };
+    let change = crate::flag::FlagChange {
+        enabled: change.enabled,
+        rollout: change.rollout,
+        target,
+    };
+    let fields = change
+        .fields(crate::clock::now().epoch_ms / 1000)
+        .map_err(|e| OpsError::Usage(format!("flag set: {e}")))?;
     runtime()?.block_on(async {
         let store = connect(config).await?;
         let version = write_setting(&store, DocKind::Flag, "set", &fields).await?;

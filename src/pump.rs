@@ -20,7 +20,10 @@ use crate::failopen::Pacer;
 use crate::metrics::Metrics;
 use crate::queue::{millis, QueueTarget};
 use crate::share::Slice;
-use crate::store::{AdvanceOutcome, Part, QueueStore, RosterEntry, StoreGuard, WHOLE_BATCH_PPM};
+use crate::store::{
+    Advance, AdvanceOutcome, Part, QueueStore, RosterEntry, StoreGuard, TickFigures,
+    WHOLE_BATCH_PPM,
+};
 
 /// The shortest sleep between two passes of the pump, whatever a sale's tick says.
 const MIN_WAKE_MS: u64 = 10;
@@ -419,6 +422,9 @@ impl Pump {
             .length
             .with_label_values(&[&label])
             .set(i64::try_from(remaining).unwrap_or(i64::MAX));
+        if adv.outcome != AdvanceOutcome::Guarded {
+            self.record_tick(target, &adv, evicted, remaining).await;
+        }
         let retire = {
             let mut empty = self.empty.lock();
             if remaining > 0 {
@@ -434,6 +440,23 @@ impl Pump {
             let _ = metrics.length.remove_label_values(&[&label]);
         }
         Ok(true)
+    }
+
+    /// Adds this visit to the sale's console history. Best effort: a store that refuses it (full,
+    /// or failing) costs the chart a point, never the tick.
+    async fn record_tick(&self, target: QueueTarget, adv: &Advance, evicted: u64, waiting: u64) {
+        let figures = TickFigures {
+            at_ms: self.clock.now().epoch_ms,
+            admitted: adv.admitted_now,
+            evicted,
+            waiting,
+            batch: u64::from(adv.batch_size),
+            outcome: adv.outcome,
+        };
+        let keep = TickFigures::keep(adv.tick_ms);
+        if let Err(e) = self.store.record_tick(target, figures, keep).await {
+            tracing::debug!(%target, error = %e, "the sale's console history missed a tick");
+        }
     }
 
     /// The pre-queue's draw (`draw.rs`): the entrants as the store closed the pre-queue, their

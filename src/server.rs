@@ -230,10 +230,20 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
         .server
         .replica_name()
         .map_err(StartError::ReplicaName)?;
-    let mut admin = Service::new(
-        "admin".to_string(),
-        AdminApp::new(state.clone(), admin_token),
-    );
+    // With Redis, the run-time settings (the flag, the registered sales) are kept by one
+    // refresher, which the admin listener's flag writes go through too.
+    let refresher = redis_store.as_ref().map(|store| {
+        Arc::new(SettingsRefresher::new(
+            store.clone(),
+            state.clone(),
+            flag_defaults.clone(),
+        ))
+    });
+    let mut admin_app = AdminApp::new(state.clone(), admin_token);
+    if let Some(refresher) = &refresher {
+        admin_app = admin_app.with_flag_writer(refresher.clone());
+    }
+    let mut admin = Service::new("admin".to_string(), admin_app);
     admin.add_tcp(&admin_listen.to_string());
     admin.threads = Some(1);
     server.add_service(admin);
@@ -250,12 +260,7 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
         .with_name(&replica_name),
     ));
 
-    if let Some(store) = redis_store {
-        let refresher = Arc::new(SettingsRefresher::new(
-            store.clone(),
-            state.clone(),
-            flag_defaults,
-        ));
+    if let (Some(store), Some(refresher)) = (redis_store, refresher) {
         let redis = server.add_service(background_service(
             "redis",
             RedisConnection {

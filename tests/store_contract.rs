@@ -17,7 +17,8 @@ use vq_gateway::share::Slice;
 use vq_gateway::store::liveness::Liveness;
 use vq_gateway::store::{
     Advance, AdvanceOutcome, ClaimTake, ClaimTerms, EnterOutcome, MemoryStore, Now, Part,
-    PollOutcome, PresenceKind, QueueStore, RedisStore, RosterEntry, Settle, TokenCandidate,
+    PollOutcome, PresenceKind, QueueStore, RedisStore, RosterEntry, Settle, TickFigures,
+    TokenCandidate,
 };
 
 const GUARD: Duration = Duration::from_millis(150);
@@ -171,7 +172,90 @@ contract!(
     active_targets_list_entered_targets,
     a_claim_is_pending_spent_or_given_back,
     a_pending_claim_lapses_with_its_lease,
+    the_console_history_keeps_the_last_ticks_and_goes_with_the_sale,
+    the_roster_lists_its_members_with_their_last_registration,
 );
+
+/// The console's history: the last `keep` visits, oldest first, after `since`; deleting the sale
+/// drops it.
+async fn the_console_history_keeps_the_last_ticks_and_goes_with_the_sale(s: &dyn QueueStore) {
+    let t = target(61);
+    set_sale(s, t, 5, 500).await;
+    let base = now().epoch_ms;
+    let tick = |i: u64| TickFigures {
+        at_ms: base + i * 500,
+        admitted: i,
+        evicted: i % 2,
+        waiting: 100 - i,
+        batch: 5,
+        outcome: if i == 3 {
+            AdvanceOutcome::Paused
+        } else {
+            AdvanceOutcome::Advanced
+        },
+    };
+    assert!(s.ticks(t, 0).await.unwrap().is_empty());
+    for i in 1..=4 {
+        s.record_tick(t, tick(i), 3).await.unwrap();
+    }
+    assert_eq!(
+        s.ticks(t, 0).await.unwrap(),
+        vec![tick(2), tick(3), tick(4)]
+    );
+    assert_eq!(
+        s.ticks(t, tick(3).at_ms).await.unwrap(),
+        vec![tick(4)],
+        "only what came after `since`"
+    );
+    assert!(s.ticks(target(62), 0).await.unwrap().is_empty());
+    s.record_tick(target(62), tick(1), 3).await.unwrap();
+    assert!(s.delete_sale(t).await.unwrap());
+    assert!(s.ticks(t, 0).await.unwrap().is_empty());
+    assert_eq!(
+        s.ticks(target(62), 0).await.unwrap(),
+        vec![tick(1)],
+        "another sale's history stays"
+    );
+}
+
+/// The roster for operators: each member with its slice, name and last registration; one that
+/// left is gone.
+async fn the_roster_lists_its_members_with_their_last_registration(s: &dyn QueueStore) {
+    let before = now().epoch_ms;
+    let asked = Slice::parse("0:500000").unwrap();
+    let entry = RosterEntry {
+        credit_ms: 1_500,
+        ..registering("console-a", asked, false)
+    };
+    // Another member first (the memory store's roster is its one process: the last one).
+    s.update_roster(registering(
+        "console-b",
+        Slice::parse("500000:1000000").unwrap(),
+        false,
+    ))
+    .await
+    .unwrap();
+    s.update_roster(entry).await.unwrap();
+    s.update_roster(entry).await.unwrap();
+    let members = s.roster_members().await.unwrap();
+    let member = members
+        .iter()
+        .find(|m| m.instance == "console-a")
+        .unwrap_or_else(|| panic!("{members:?}"));
+    assert_eq!(member.slice, "0:500000");
+    assert_eq!(member.credit_ms, 1_500);
+    assert!(member.last_seen_ms + 1_000 >= before, "{member:?}");
+    assert!(member.last_seen_ms <= now().epoch_ms + 1_000, "{member:?}");
+    s.update_roster(registering("console-a", asked, true))
+        .await
+        .unwrap();
+    assert!(!s
+        .roster_members()
+        .await
+        .unwrap()
+        .iter()
+        .any(|m| m.instance == "console-a"));
+}
 
 /// A claim is pending for one purchase attempt: that attempt may ask again (a retried call
 /// whose first reply was lost), another is refused while it is in flight; a 2xx spends it, a

@@ -1,5 +1,6 @@
-//! The admin listener (keep it private): `/healthz`, `/readyz`, `/metrics`, and the sales
-//! (`/sales`, `sales.rs`).
+//! The admin listener (keep it private): `/healthz`, `/readyz`, `/metrics`, the sales
+//! (`/sales`, `sales.rs`), the flag (`/flag`) and the operator console (`/console`,
+//! `console.rs`).
 //!
 //! `/readyz` answers 200 once the public listener accepts connections and the store's start-up is
 //! over (Redis connected with its scripts loaded, or given up on after a short wait). It reports
@@ -14,6 +15,7 @@ use http::Response;
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 
+use super::console::{self, FlagWriter};
 use crate::app::AppState;
 use crate::store::QueueStore;
 
@@ -21,11 +23,24 @@ pub struct AdminApp {
     state: Arc<AppState>,
     /// The admin writes' credential (`server.admin_token_env`); `None`: writes are refused.
     token: Option<super::sales::AdminToken>,
+    /// Where a flag change is written (Redis' flag document); `None`: the local flag (the
+    /// memory store, one process).
+    flag: Option<Arc<dyn FlagWriter>>,
 }
 
 impl AdminApp {
     pub fn new(state: Arc<AppState>, token: Option<super::sales::AdminToken>) -> AdminApp {
-        AdminApp { state, token }
+        AdminApp {
+            state,
+            token,
+            flag: None,
+        }
+    }
+
+    /// Flag changes go through `writer` (every replica reads what it writes).
+    pub fn with_flag_writer(mut self, writer: Arc<dyn FlagWriter>) -> AdminApp {
+        self.flag = Some(writer);
+        self
     }
 
     /// The request body, up to `MAX_BODY` bytes (`None`: larger, or the read failed).
@@ -77,6 +92,60 @@ impl AdminApp {
     }
 }
 
+/// A JSON answer of the sales, flag or console endpoints (204: no body, no length, no type).
+fn json(answer: super::sales::SalesAnswer) -> Response<Vec<u8>> {
+    let (status, body) = answer;
+    let body = body.map_or_else(Vec::new, |j| j.to_string().into_bytes());
+    let mut r = response(status, "application/json", body);
+    if status == 204 {
+        // No content: no Content-Length either (RFC 9110 §8.6).
+        r.headers_mut().remove(http::header::CONTENT_LENGTH);
+        r.headers_mut().remove(http::header::CONTENT_TYPE);
+    }
+    r
+}
+
+/// One of the console's embedded files, with headers that keep the page to itself: nothing
+/// loaded from elsewhere, no inline script, never framed, never cached across versions.
+fn console_file(content_type: &str, body: &str) -> Response<Vec<u8>> {
+    let mut r = response(200, content_type, body.as_bytes().to_vec());
+    let headers = r.headers_mut();
+    for (name, value) in [
+        (
+            "content-security-policy",
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        ),
+        ("x-frame-options", "DENY"),
+        ("x-content-type-options", "nosniff"),
+        ("referrer-policy", "no-referrer"),
+        ("cache-control", "no-store"),
+    ] {
+        headers.insert(
+            http::HeaderName::from_static(name),
+            http::HeaderValue::from_static(value),
+        );
+    }
+    r
+}
+
+/// The client's address, for the audit log.
+fn peer(session: &ServerSession) -> String {
+    session
+        .client_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default()
+}
+
+/// `since=MS` of a query string (0 when absent or not a number).
+fn since(query: Option<&str>) -> u64 {
+    query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|pair| pair.strip_prefix("since="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 fn response(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
     let mut r = Response::new(Vec::new());
     *r.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::OK);
@@ -96,6 +165,28 @@ fn response(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>>
 impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let path = session.req_header().uri.path().to_string();
+        if path == "/flag" && session.req_header().method == http::Method::PUT {
+            let Some(body) = AdminApp::body(session).await else {
+                return json((
+                    413,
+                    Some(
+                        serde_json::json!({"code": "PAYLOAD_TOO_LARGE", "detail": "a flag change is a small JSON object"}),
+                    ),
+                ));
+            };
+            let authorization = session
+                .req_header()
+                .headers
+                .get(http::header::AUTHORIZATION)
+                .map(|v| v.as_bytes());
+            let who = match super::sales::authorize(self.token.as_ref(), authorization) {
+                Ok(who) => who,
+                Err(refused) => return json(refused),
+            };
+            let peer = peer(session);
+            let writer = self.flag.as_deref();
+            return json(console::put_flag(&self.state, writer, &body, &who, &peer).await);
+        }
         if path == "/sales" || path.starts_with("/sales/") {
             let Some(body) = AdminApp::body(session).await else {
                 return response(
@@ -105,9 +196,11 @@ impl ServeHttp for AdminApp {
                         .to_vec(),
                 );
             };
+            let peer = peer(session);
             let header = session.req_header();
             let request = super::sales::SalesRequest {
                 method: &header.method,
+                peer: &peer,
                 path: &path,
                 authorization: header
                     .headers
@@ -115,16 +208,7 @@ impl ServeHttp for AdminApp {
                     .map(|v| v.as_bytes()),
                 body: &body,
             };
-            let (status, json) =
-                super::sales::handle(&self.state, self.token.as_ref(), request).await;
-            let body = json.map_or_else(Vec::new, |j| j.to_string().into_bytes());
-            let mut answer = response(status, "application/json", body);
-            if status == 204 {
-                // No content: no Content-Length either (RFC 9110 §8.6).
-                answer.headers_mut().remove(http::header::CONTENT_LENGTH);
-                answer.headers_mut().remove(http::header::CONTENT_TYPE);
-            }
-            return answer;
+            return json(super::sales::handle(&self.state, self.token.as_ref(), request).await);
         }
         let _ = session.drain_request_body().await;
         let get = session.req_header().method == http::Method::GET;
@@ -139,15 +223,36 @@ impl ServeHttp for AdminApp {
                 "text/plain; version=0.0.4",
                 self.state.metrics.render(),
             ),
-            (false, "/healthz" | "/readyz" | "/metrics") => response(
+            (true, "/flag") => json((200, Some(console::flag_json(&self.state)))),
+            (true, "/console") => console_file("text/html; charset=utf-8", console::PAGE),
+            (true, "/console/console.js") => {
+                console_file("text/javascript; charset=utf-8", console::SCRIPT)
+            }
+            (true, "/console/console.css") => {
+                console_file("text/css; charset=utf-8", console::STYLE)
+            }
+            (true, "/console/state") => {
+                let since = since(session.req_header().uri.query());
+                json(console::state(&self.state, since).await)
+            }
+            (
+                false,
+                "/healthz" | "/readyz" | "/metrics" | "/console" | "/console/console.js"
+                | "/console/console.css" | "/console/state",
+            ) => response(
                 405,
                 "application/json",
                 br#"{"code":"METHOD_NOT_ALLOWED","detail":"use GET"}"#.to_vec(),
             ),
+            (false, "/flag") => response(
+                405,
+                "application/json",
+                br#"{"code":"METHOD_NOT_ALLOWED","detail":"GET or PUT"}"#.to_vec(),
+            ),
             _ => response(
                 404,
                 "application/json",
-                br#"{"code":"NOT_FOUND","detail":"admin endpoints: /healthz /readyz /metrics /sales"}"#
+                br#"{"code":"NOT_FOUND","detail":"admin endpoints: /healthz /readyz /metrics /sales /flag /console"}"#
                     .to_vec(),
             ),
         }

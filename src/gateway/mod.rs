@@ -20,6 +20,7 @@
 pub mod admin;
 pub mod api;
 pub mod conn;
+pub mod console;
 pub mod gate;
 pub mod hygiene;
 pub mod route;

@@ -31,6 +31,9 @@ pub const MAX_BODY: usize = 16 * 1024;
 pub struct AdminToken {
     key: hmac::Key,
     tag: hmac::Tag,
+    /// What the audit log names the credential by: the first 12 hex digits of its SHA-256,
+    /// never the token.
+    id: String,
 }
 
 impl AdminToken {
@@ -50,7 +53,17 @@ impl AdminToken {
         let key = hmac::Key::generate(hmac::HMAC_SHA256, &rng)
             .map_err(|_| "no randomness for the admin token's key".to_string())?;
         let tag = hmac::sign(&key, value.as_bytes());
-        Ok(Some(AdminToken { key, tag }))
+        let digest = ring::digest::digest(&ring::digest::SHA256, value.as_bytes());
+        let id = digest.as_ref()[..6]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(Some(AdminToken { key, tag, id }))
+    }
+
+    /// The credential's id for the audit log (`sha256:` and 12 hex digits).
+    pub fn id(&self) -> String {
+        format!("sha256:{}", self.id)
     }
 
     /// Whether `authorization` (the header's value) is `Bearer <the token>`.
@@ -62,9 +75,32 @@ impl AdminToken {
     }
 }
 
+/// Who may write: the configured token's id when `authorization` carries it; otherwise the
+/// refusal (403 without a token configured, 401 with a wrong or missing one).
+pub fn authorize(
+    token: Option<&AdminToken>,
+    authorization: Option<&[u8]>,
+) -> Result<String, SalesAnswer> {
+    match token {
+        None => Err(error(
+            403,
+            "FORBIDDEN",
+            "admin writes are off: set server.admin_token_env",
+        )),
+        Some(t) if !t.accepts(authorization) => Err(error(
+            401,
+            "UNAUTHORIZED",
+            "Authorization: Bearer <admin token>",
+        )),
+        Some(t) => Ok(t.id()),
+    }
+}
+
 /// One request to `/sales…`: its method, path, `Authorization` header and body.
 pub struct SalesRequest<'a> {
     pub method: &'a Method,
+    /// The client's address, for the audit log.
+    pub peer: &'a str,
     pub path: &'a str,
     pub authorization: Option<&'a [u8]>,
     pub body: &'a [u8],
@@ -80,7 +116,7 @@ fn error(status: u16, code: &str, detail: impl Into<String>) -> SalesAnswer {
     )
 }
 
-fn store_error(e: &StoreError) -> SalesAnswer {
+pub fn store_error(e: &StoreError) -> SalesAnswer {
     error(
         503,
         "STORE_UNAVAILABLE",
@@ -129,34 +165,33 @@ pub async fn handle(
             "sales are at /sales/{limited-drop|ticketing-event}/{id}",
         );
     };
-    if write {
-        match token {
-            None => {
-                return error(
-                    403,
-                    "FORBIDDEN",
-                    "admin writes are off: set server.admin_token_env",
-                )
-            }
-            Some(t) if !t.accepts(req.authorization) => {
-                return error(401, "UNAUTHORIZED", "Authorization: Bearer <admin token>")
-            }
-            Some(_) => {}
+    let who = if write {
+        match authorize(token, req.authorization) {
+            Ok(who) => who,
+            Err(refused) => return refused,
         }
-    }
+    } else {
+        String::new()
+    };
     match *req.method {
         Method::GET => match state.store.sale(target).await {
             Ok(Some(sale)) => (200, Some(shown(state, target, &sale).await)),
             Ok(None) => error(404, "NOT_FOUND", format!("no sale {target}")),
             Err(e) => store_error(&e),
         },
-        Method::PUT => put(state, target, req.body).await,
-        Method::DELETE => delete(state, target).await,
+        Method::PUT => put(state, target, req.body, &who, req.peer).await,
+        Method::DELETE => delete(state, target, &who, req.peer).await,
         _ => error(405, "METHOD_NOT_ALLOWED", "GET, PUT or DELETE"),
     }
 }
 
-async fn put(state: &Arc<AppState>, target: QueueTarget, body: &[u8]) -> SalesAnswer {
+async fn put(
+    state: &Arc<AppState>,
+    target: QueueTarget,
+    body: &[u8],
+    who: &str,
+    peer: &str,
+) -> SalesAnswer {
     let bad_field = |e: crate::sale::FieldError| {
         (
             400,
@@ -191,11 +226,16 @@ async fn put(state: &Arc<AppState>, target: QueueTarget, body: &[u8]) -> SalesAn
         None,
         crate::clock::now().epoch_ms,
     );
-    tracing::info!(%target, version = sale.version, "sale changed through the admin API");
+    let change: Vec<String> = patch
+        .fields()
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    tracing::info!(who, peer, %target, change = %change.join(" "), version = sale.version, "sale changed through the admin API");
     (200, Some(shown(state, target, &sale).await))
 }
 
-async fn delete(state: &Arc<AppState>, target: QueueTarget) -> SalesAnswer {
+async fn delete(state: &Arc<AppState>, target: QueueTarget, who: &str, peer: &str) -> SalesAnswer {
     // Unregistered first: replicas write back only registered sales, so none restores it.
     if let Err(e) = state.store.register_sale(target, false).await {
         return store_error(&e);
@@ -206,7 +246,7 @@ async fn delete(state: &Arc<AppState>, target: QueueTarget) -> SalesAnswer {
         .set(target, None, None, crate::clock::now().epoch_ms);
     match state.store.delete_sale(target).await {
         Ok(true) => {
-            tracing::info!(%target, "sale deleted through the admin API");
+            tracing::info!(who, peer, %target, "sale deleted through the admin API");
             (204, None)
         }
         Ok(false) => error(404, "NOT_FOUND", format!("no sale {target}")),
@@ -250,37 +290,80 @@ async fn draw_export(state: &Arc<AppState>, target: QueueTarget) -> SalesAnswer 
 }
 
 async fn list(state: &Arc<AppState>) -> SalesAnswer {
-    let mut targets = state.allowed.members();
-    match state.store.active_targets(crate::clock::now()).await {
-        Ok(active) => targets.extend(active),
-        Err(e) => return store_error(&e),
+    match listed(state, usize::MAX).await {
+        Ok((sales, _)) => {
+            let sales: Vec<serde_json::Value> = sales.into_iter().map(|(_, _, v)| v).collect();
+            (200, Some(serde_json::json!({ "sales": sales })))
+        }
+        Err(e) => store_error(&e),
     }
+}
+
+/// The sales (the allowed ones and those with a queue) in target order, each with its live
+/// figures (`shown`), at most `limit` of them, and how many there are.
+pub async fn listed(
+    state: &Arc<AppState>,
+    limit: usize,
+) -> Result<(Vec<(QueueTarget, Sale, serde_json::Value)>, usize), StoreError> {
+    let mut targets = state.allowed.members();
+    targets.extend(state.store.active_targets(crate::clock::now()).await?);
     targets.sort();
     targets.dedup();
     let mut sales = Vec::new();
+    let mut count = 0;
     for target in targets {
-        match state.store.sale(target).await {
-            Ok(Some(sale)) => sales.push(shown(state, target, &sale).await),
-            Ok(None) => {}
-            Err(e) => return store_error(&e),
+        if let Some(sale) = state.store.sale(target).await? {
+            count += 1;
+            if sales.len() < limit {
+                let figures = shown(state, target, &sale).await;
+                sales.push((target, sale, figures));
+            }
         }
     }
-    (200, Some(serde_json::json!({ "sales": sales })))
+    Ok((sales, count))
 }
 
-/// The sale with its target and live figures (`null` when the store cannot give them now).
+/// The sale with its target and live figures (`null` when the store cannot give them now): the
+/// waiting and admitted users, the admission rates, the budget per second, the share of the
+/// capacity in use and the time until the last user waiting now is admitted at the measured
+/// rate (at the budget while nothing was measured yet; `null` while paused).
 async fn shown(state: &Arc<AppState>, target: QueueTarget, sale: &Sale) -> serde_json::Value {
-    let mut v = sale.to_json();
-    v["type"] = target.kind.path_segment().into();
-    v["id"] = target.id.to_string().into();
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    let mut body = sale.to_json();
+    body["type"] = target.kind.path_segment().into();
+    body["id"] = target.id.to_string().into();
+    let budget_per_sec = sale.batch_size as f64 * 1000.0 / sale.tick_ms.max(1) as f64;
+    body["budgetPerSec"] = round(budget_per_sec).into();
     let stats = state.store.stats(target, crate::clock::now()).await.ok();
-    v["waitingCount"] = stats.as_ref().map(|s| s.waiting_count).into();
-    v["admittedCount"] = stats.as_ref().map(|s| s.admitted_count).into();
-    v["admissionRatePerSec"] = stats
+    body["waitingCount"] = stats.as_ref().map(|s| s.waiting_count).into();
+    body["admittedCount"] = stats.as_ref().map(|s| s.admitted_count).into();
+    body["admissionRatePerSec"] = stats
         .as_ref()
-        .map(|s| (s.admission_rate_per_sec * 1000.0).round() / 1000.0)
+        .map(|s| round(s.admission_rate_per_sec))
         .into();
-    v
+    body["liveRatePerSec"] = stats.as_ref().map(|s| round(s.live_rate_per_sec)).into();
+    body["capacityUsed"] = stats
+        .as_ref()
+        .filter(|_| sale.max_capacity > 0)
+        .map(|s| round(s.waiting_count as f64 / sale.max_capacity as f64))
+        .into();
+    body["etaLastUserS"] = stats
+        .as_ref()
+        .and_then(|s| {
+            let rate = if s.live_rate_per_sec > 0.0 {
+                s.live_rate_per_sec
+            } else {
+                budget_per_sec
+            };
+            match sale.state {
+                _ if s.waiting_count == 0 => Some(0.0),
+                crate::sale::SaleState::Paused => None,
+                _ if rate > 0.0 => Some((s.waiting_count as f64 / rate).ceil()),
+                _ => None,
+            }
+        })
+        .into();
+    body
 }
 
 #[cfg(test)]

@@ -565,6 +565,30 @@ impl QueueStore for StoreGuard {
         self.run(Class::Background, "pump", fut).await
     }
 
+    async fn roster_members(&self) -> Result<Vec<crate::store::RosterMember>, StoreError> {
+        let fut = self.inner.roster_members();
+        self.run(Class::Background, "sale", fut).await
+    }
+
+    async fn record_tick(
+        &self,
+        target: QueueTarget,
+        figures: crate::store::TickFigures,
+        keep: u32,
+    ) -> Result<(), StoreError> {
+        let fut = self.inner.record_tick(target, figures, keep);
+        self.run(Class::Background, "pump", fut).await
+    }
+
+    async fn ticks(
+        &self,
+        target: QueueTarget,
+        since_ms: u64,
+    ) -> Result<Vec<crate::store::TickFigures>, StoreError> {
+        let fut = self.inner.ticks(target, since_ms);
+        self.run(Class::Background, "sale", fut).await
+    }
+
     async fn reconnect(&self) {
         self.inner.reconnect().await
     }

@@ -272,6 +272,116 @@ pub enum AdvanceOutcome {
     Prequeue,
 }
 
+impl AdvanceOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdvanceOutcome::Advanced => "advanced",
+            AdvanceOutcome::Guarded => "guarded",
+            AdvanceOutcome::Idle => "idle",
+            AdvanceOutcome::Paused => "paused",
+            AdvanceOutcome::Prequeue => "prequeue",
+        }
+    }
+
+    fn parse(s: &str) -> Option<AdvanceOutcome> {
+        [
+            AdvanceOutcome::Advanced,
+            AdvanceOutcome::Guarded,
+            AdvanceOutcome::Idle,
+            AdvanceOutcome::Paused,
+            AdvanceOutcome::Prequeue,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == s)
+    }
+}
+
+/// How long a sale's console history reaches back.
+pub const TICKS_KEPT_MS: u64 = 10 * 60 * 1000;
+
+/// One pump visit that ran a sale's admission step, as the operator console charts it
+/// (`QueueStore::record_tick`, `ticks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TickFigures {
+    /// When the visit ended (epoch ms).
+    pub at_ms: u64,
+    /// Users admitted by this visit.
+    pub admitted: u64,
+    /// Users this visit evicted (silent past the heartbeat timeout).
+    pub evicted: u64,
+    /// Users waiting after it.
+    pub waiting: u64,
+    /// The sale's budget per tick (its batch size) as the step read it.
+    pub batch: u64,
+    pub outcome: AdvanceOutcome,
+}
+
+impl TickFigures {
+    /// Entries to keep for a sale with this tick: `TICKS_KEPT_MS` of them.
+    pub fn keep(tick_ms: u64) -> u32 {
+        u32::try_from(TICKS_KEPT_MS.div_ceil(tick_ms.max(1))).unwrap_or(u32::MAX)
+    }
+
+    /// `at:admitted:evicted:waiting:batch:outcome`, as `ticks.lua` stores it.
+    pub fn encode(&self) -> String {
+        format!(
+            "{}:{}:{}:{}:{}:{}",
+            self.at_ms,
+            self.admitted,
+            self.evicted,
+            self.waiting,
+            self.batch,
+            self.outcome.as_str()
+        )
+    }
+
+    pub fn decode(s: &str) -> Option<TickFigures> {
+        let mut parts = s.split(':');
+        let mut number = || parts.next()?.parse::<u64>().ok();
+        let figures = TickFigures {
+            at_ms: number()?,
+            admitted: number()?,
+            evicted: number()?,
+            waiting: number()?,
+            batch: number()?,
+            outcome: AdvanceOutcome::Advanced,
+        };
+        let outcome = AdvanceOutcome::parse(parts.next()?)?;
+        parts
+            .next()
+            .is_none()
+            .then_some(TickFigures { outcome, ..figures })
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "at": self.at_ms,
+            "admitted": self.admitted,
+            "evicted": self.evicted,
+            "waiting": self.waiting,
+            "batch": self.batch,
+            "outcome": self.outcome.as_str(),
+        })
+    }
+}
+
+/// One member of the replica roster, for operators (`QueueStore::roster_members`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RosterMember {
+    /// The instance id (one process's life).
+    pub instance: String,
+    /// The replica's stable name (`server.replica_name_env`; empty: none).
+    pub name: String,
+    /// The slice of each batch it holds ("start:end" in millionths; empty: none recorded, an
+    /// older gateway's member).
+    pub slice: String,
+    /// Its last registration (epoch ms).
+    pub last_seen_ms: u64,
+    /// The heartbeat credit it last reported: how long its users could not heartbeat through it
+    /// (a store outage, or polls refused for saturation). Above 0: it was degraded lately.
+    pub credit_ms: u64,
+}
+
 /// The pre-queue at its draw (`QueueStore::draw_entrants`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DrawStep {
@@ -522,9 +632,6 @@ pub trait QueueStore: Send + Sync + 'static {
         now: Now,
     ) -> Result<Option<String>, StoreError>;
 
-    /// Records in the replica roster that an instance is alive with its paced slice (the pump
-    /// calls it every tick while its store answers; `leave` removes it on a clean shutdown) and
-    /// answers what the roster holds.
     /// This instance's presence subscription for the roster (`redis/presence.rs`), started
     /// at the first call: the kind, where the roster may trust it (Redis keeps a silent
     /// connection at least `window`, how long a cut-off replica paces). None for a store with
@@ -540,7 +647,29 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Whether the last registration saw the presence subscription.
     fn presence_seen(&self, _seen: bool) {}
 
+    /// Records in the replica roster that an instance is alive with its paced slice (the pump
+    /// calls it every tick while its store answers; `leave` removes it on a clean shutdown) and
+    /// answers what the roster holds.
     async fn update_roster(&self, r: RosterEntry<'_>) -> Result<Roster, StoreError>;
+
+    /// The roster's members as they stand, for operators (nothing is changed).
+    async fn roster_members(&self) -> Result<Vec<RosterMember>, StoreError>;
+
+    /// Adds a pump visit to the sale's console history, which keeps the last `keep` and goes
+    /// `TICKS_KEPT_MS` after the last visit.
+    async fn record_tick(
+        &self,
+        target: QueueTarget,
+        figures: TickFigures,
+        keep: u32,
+    ) -> Result<(), StoreError>;
+
+    /// The sale's console history after `since_ms`, oldest first.
+    async fn ticks(
+        &self,
+        target: QueueTarget,
+        since_ms: u64,
+    ) -> Result<Vec<TickFigures>, StoreError>;
 
     /// Rebuilds the connection (asked for by the breaker when probes keep timing out).
     async fn reconnect(&self) {}

@@ -279,6 +279,67 @@ pub fn instances(v: Value) -> Result<super::Roster, StoreError> {
 }
 
 /// `claim.lua`'s answer to "take": `{outcome, attempts}`.
+/// A reply whose pairs may come nested (`ZRANGE … WITHSCORES` under RESP3: `[[m, s], …]`) as
+/// the flat array RESP2 gives.
+pub fn flattened(v: Value) -> Value {
+    match v {
+        Value::Array(items) if items.iter().all(|i| matches!(i, Value::Array(_))) => Value::Array(
+            items
+                .into_iter()
+                .flat_map(|i| match i {
+                    Value::Array(pair) => pair,
+                    _ => Vec::new(),
+                })
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+/// The roster for operators, from `queue:instances` (member → last seen) and its credit and
+/// presence hashes (`instances.lua`'s header). Members of older versions carry no slice.
+pub fn roster_members(
+    members: &[(String, String)],
+    credit: &[(String, String)],
+    presence: &[(String, String)],
+) -> Vec<super::RosterMember> {
+    let lookup = |pairs: &[(String, String)], id: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == id)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    members
+        .iter()
+        .map(|(member, seen)| {
+            let mut parts = member.split('|');
+            let instance = parts.next().unwrap_or_default().to_string();
+            let slice = parts
+                .next()
+                .filter(|s| s.contains(':'))
+                .unwrap_or_default()
+                .to_string();
+            let credit_ms = lookup(credit, &instance)
+                .split(':')
+                .next()
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            let name = lookup(presence, &instance)
+                .split_once('|')
+                .map(|(_, name)| name.to_string())
+                .unwrap_or_default();
+            super::RosterMember {
+                last_seen_ms: seen.parse::<f64>().map_or(0, |ms| ms as u64),
+                instance,
+                name,
+                slice,
+                credit_ms,
+            }
+        })
+        .collect()
+}
+
 pub fn claim_take(v: Value) -> Result<super::ClaimTake, StoreError> {
     use super::ClaimTake;
     let items = reply_array(v, "claim")?;
@@ -569,5 +630,75 @@ mod tests {
             stats(arr(&[Value::Integer(1)])),
             Err(StoreError::Protocol(_))
         ));
+    }
+
+    #[test]
+    fn roster_members_read_every_member_version_and_their_hashes() {
+        let pairs = |items: &[(&str, &str)]| -> Vec<(String, String)> {
+            items
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let members = pairs(&[
+            ("a|0:500000|5", "1700000000123"),
+            ("b|0.5", "1700000000456"),
+            ("c", "1.7e12"),
+        ]);
+        let credit = pairs(&[("a", "2500:1700000000000")]);
+        let presence = pairs(&[("a", "0123abcd|gateway-1"), ("b", "0123abcd|")]);
+        let read = roster_members(&members, &credit, &presence);
+        let view: Vec<(&str, &str, &str, u64, u64)> = read
+            .iter()
+            .map(|m| {
+                (
+                    m.instance.as_str(),
+                    m.name.as_str(),
+                    m.slice.as_str(),
+                    m.last_seen_ms,
+                    m.credit_ms,
+                )
+            })
+            .collect();
+        assert_eq!(
+            view,
+            [
+                ("a", "gateway-1", "0:500000", 1_700_000_000_123, 2_500),
+                ("b", "", "", 1_700_000_000_456, 0),
+                ("c", "", "", 1_700_000_000_000, 0),
+            ]
+        );
+        let nested = Value::Array(vec![Value::Array(vec!["a".into(), "1".into()])]);
+        assert_eq!(
+            flattened(nested),
+            Value::Array(vec!["a".into(), "1".into()])
+        );
+    }
+
+    #[test]
+    fn tick_figures_round_trip_and_refuse_anything_else() {
+        use crate::store::TickFigures;
+        let figures = TickFigures {
+            at_ms: 1_700_000_000_000,
+            admitted: 9,
+            evicted: 2,
+            waiting: 391,
+            batch: 9,
+            outcome: AdvanceOutcome::Paused,
+        };
+        assert_eq!(figures.encode(), "1700000000000:9:2:391:9:paused");
+        assert_eq!(TickFigures::decode(&figures.encode()), Some(figures));
+        for bad in [
+            "",
+            "1:2:3:4:5",
+            "1:2:3:4:5:stopped",
+            "1:2:3:4:5:idle:6",
+            "x:2:3:4:5:idle",
+            "1:-2:3:4:5:idle",
+        ] {
+            assert_eq!(TickFigures::decode(bad), None, "{bad}");
+        }
+        assert_eq!(TickFigures::keep(500), 1_200);
+        assert_eq!(TickFigures::keep(0), 600_000);
     }
 }

@@ -42,6 +42,7 @@ pub struct Scripts {
     pub settings_write: Script,
     pub sale_write: Script,
     pub draw: Script,
+    pub ticks: Script,
 }
 
 impl Scripts {
@@ -69,10 +70,11 @@ impl Scripts {
             ),
             sale_write: Script::new("sale_write", include_str!("../../lua/sale_write.lua")),
             draw: Script::new("draw", include_str!("../../lua/draw.lua")),
+            ticks: Script::new("ticks", include_str!("../../lua/ticks.lua")),
         }
     }
 
-    pub fn all(&self) -> [&Script; 16] {
+    pub fn all(&self) -> [&Script; 17] {
         [
             &self.enter,
             &self.poll,
@@ -90,6 +92,7 @@ impl Scripts {
             &self.settings_write,
             &self.sale_write,
             &self.draw,
+            &self.ticks,
         ]
     }
 }
@@ -138,6 +141,8 @@ pub enum Key<'a> {
     LastAdvance,
     Lock,
     Summary,
+    /// The console's history of pump visits (`ticks.lua`).
+    Ticks,
     Token(u64),
     Used(&'a str),
 }
@@ -171,6 +176,7 @@ impl TargetKeys {
             Key::LastAdvance => format!("{p}last_advance"),
             Key::Lock => format!("{p}lock"),
             Key::Summary => format!("{p}summary"),
+            Key::Ticks => format!("{p}ticks"),
             Key::Token(user) => format!("{p}token:{user}"),
             Key::Used(token_id) => format!("{p}used:{token_id}"),
         }
@@ -256,6 +262,7 @@ impl TargetKeys {
                 Key::Summary,
                 Key::Sweep,
                 Key::Draw,
+                Key::Ticks,
             ]
             .map(|k| self.of(k)),
         );

@@ -18,6 +18,7 @@
     clippy::disallowed_types
 )]
 
+pub mod browser;
 pub mod deploy;
 pub mod flood;
 pub mod http;

@@ -14,8 +14,9 @@ use async_trait::async_trait;
 use super::liveness::Liveness;
 use super::{
     Advance, AdvanceOutcome, ClaimTake, ClaimTerms, EnterOutcome, Mint, Now, Part, PollOutcome,
-    QueueStore, Roster, RosterEntry, Settle, StoreError, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS,
-    RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
+    QueueStore, Roster, RosterEntry, RosterMember, Settle, StoreError, TickFigures,
+    ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, TICKS_KEPT_MS,
+    WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
 use crate::sale::{FieldError, Sale, SaleDefaults, SalePatch, SaleState};
@@ -211,6 +212,10 @@ pub struct MemoryStore {
     defaults: SaleDefaults,
     /// The sales an operator created or changed (`put_sale`): they never expire.
     sales: Mutex<HashMap<QueueTarget, Sale>>,
+    /// Each sale's console history, newest first (`record_tick`).
+    ticks: Mutex<HashMap<QueueTarget, VecDeque<TickFigures>>>,
+    /// The one instance's last registration (`update_roster`): the roster of one process.
+    roster: Mutex<Option<RosterMember>>,
 }
 
 impl Default for MemoryStore {
@@ -221,6 +226,8 @@ impl Default for MemoryStore {
             max_targets: DEFAULT_MAX_TARGETS,
             defaults: SaleDefaults::default(),
             sales: Mutex::default(),
+            ticks: Mutex::default(),
+            roster: Mutex::default(),
         }
     }
 }
@@ -772,6 +779,7 @@ impl QueueStore for MemoryStore {
     }
 
     async fn delete_sale(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        self.ticks.lock().remove(&target);
         let mut targets = self.targets.lock();
         let Targets { map, open, .. } = &mut *targets;
         // As in Redis, the users' tokens stay (they expire on their own); the rest goes.
@@ -915,6 +923,13 @@ impl QueueStore for MemoryStore {
 
     /// One process: the only instance there is, and never cut off from its store.
     async fn update_roster(&self, r: RosterEntry<'_>) -> Result<Roster, StoreError> {
+        *self.roster.lock() = (!r.leave).then(|| RosterMember {
+            instance: r.instance.to_string(),
+            name: r.name.to_string(),
+            slice: r.asked.to_string(),
+            last_seen_ms: crate::clock::now().epoch_ms,
+            credit_ms: r.credit_ms,
+        });
         // One process: nobody else to pace alongside; the whole batch is this instance's seat.
         Ok(Roster {
             live: 1,
@@ -924,6 +939,48 @@ impl QueueStore for MemoryStore {
             credit_ms: r.credit_ms,
             ..Roster::default()
         })
+    }
+
+    async fn roster_members(&self) -> Result<Vec<RosterMember>, StoreError> {
+        Ok(self.roster.lock().iter().cloned().collect())
+    }
+
+    async fn record_tick(
+        &self,
+        target: QueueTarget,
+        figures: TickFigures,
+        keep: u32,
+    ) -> Result<(), StoreError> {
+        let mut ticks = self.ticks.lock();
+        let history = ticks.entry(target).or_default();
+        history.push_front(figures);
+        history.truncate(usize::try_from(keep.max(1)).unwrap_or(usize::MAX));
+        Ok(())
+    }
+
+    async fn ticks(
+        &self,
+        target: QueueTarget,
+        since_ms: u64,
+    ) -> Result<Vec<TickFigures>, StoreError> {
+        let ticks = self.ticks.lock();
+        let Some(history) = ticks.get(&target) else {
+            return Ok(Vec::new());
+        };
+        // As in Redis, a history whose last visit is older than it reaches back is gone.
+        let now_ms = crate::clock::now().epoch_ms;
+        if history
+            .front()
+            .is_none_or(|t| t.at_ms.saturating_add(TICKS_KEPT_MS) <= now_ms)
+        {
+            return Ok(Vec::new());
+        }
+        Ok(history
+            .iter()
+            .rev()
+            .filter(|t| t.at_ms > since_ms)
+            .copied()
+            .collect())
     }
 }
 

@@ -47,8 +47,9 @@ use super::scripts::{
 };
 use super::{
     Advance, ClaimTake, ClaimTerms, EnterOutcome, Mint, Now, Part, PollOutcome, PresenceKind,
-    QueueStore, Roster, RosterEntry, Settle, StoreError, ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS,
-    RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, WAIT_SAMPLES,
+    QueueStore, Roster, RosterEntry, RosterMember, Settle, StoreError, TickFigures,
+    ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, TICKS_KEPT_MS,
+    WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
 use crate::sale::{FieldError, Sale, SaleDefaults, SalePatch};
@@ -247,8 +248,6 @@ impl RedisStore {
         Ok(as_u64(&reply, "setnx")? == 1)
     }
 
-    /// What a sale is created with when its creator does not say (`[queue]`): replicas may
-    /// differ here, since a sale's parameters, once created, are read from Redis only.
     /// One call of `claim.lua`.
     async fn claim_call(
         &self,
@@ -831,6 +830,101 @@ impl QueueStore for RedisStore {
         ];
         let reply = self.eval(&self.scripts.instances, keys, argv).await?;
         replies::instances(reply)
+    }
+
+    async fn roster_members(&self) -> Result<Vec<RosterMember>, StoreError> {
+        // Three reads of one slot: a member registering in between shows its last registration
+        // or the one before, either of which is true.
+        let members = self
+            .command(
+                "ZRANGE",
+                vec![
+                    INSTANCES_KEY.into(),
+                    "0".into(),
+                    "-1".into(),
+                    "WITHSCORES".into(),
+                ],
+            )
+            .await
+            .map_err(store_err)?;
+        let credit = self
+            .command("HGETALL", vec![INSTANCES_CREDIT_KEY.into()])
+            .await
+            .map_err(store_err)?;
+        let presence = self
+            .command("HGETALL", vec![INSTANCES_PRESENCE_KEY.into()])
+            .await
+            .map_err(store_err)?;
+        Ok(replies::roster_members(
+            &settings::string_pairs(replies::flattened(members), "roster")?,
+            &settings::string_pairs(credit, "roster credit")?,
+            &settings::string_pairs(presence, "roster presence")?,
+        ))
+    }
+
+    async fn record_tick(
+        &self,
+        target: QueueTarget,
+        figures: TickFigures,
+        keep: u32,
+    ) -> Result<(), StoreError> {
+        let key = TargetKeys::new(target).of(Key::Ticks);
+        let argv = vec![
+            figures.encode().into(),
+            keep.max(1).to_string().into(),
+            TICKS_KEPT_MS.to_string().into(),
+        ];
+        self.eval(&self.scripts.ticks, vec![key], argv).await?;
+        Ok(())
+    }
+
+    async fn ticks(
+        &self,
+        target: QueueTarget,
+        since_ms: u64,
+    ) -> Result<Vec<TickFigures>, StoreError> {
+        let key = TargetKeys::new(target).of(Key::Ticks);
+        // Newest first, in growing chunks until one reaches `since_ms`: a console that polls
+        // with the last time it saw reads one small chunk.
+        let mut newest_first: Vec<TickFigures> = Vec::new();
+        let (mut start, mut chunk) = (0u64, 64u64);
+        loop {
+            let reply = self
+                .command(
+                    "LRANGE",
+                    vec![
+                        key.clone().into(),
+                        start.to_string().into(),
+                        (start + chunk - 1).to_string().into(),
+                    ],
+                )
+                .await
+                .map_err(store_err)?;
+            let items = reply_array(reply, "ticks")?;
+            let full = items.len() as u64 == chunk;
+            let mut reached = false;
+            for item in &items {
+                let figures = item
+                    .as_str()
+                    .and_then(|s| TickFigures::decode(&s))
+                    .ok_or_else(|| replies::protocol("ticks", item))?;
+                if figures.at_ms <= since_ms {
+                    reached = true;
+                    break;
+                }
+                // Entries pushed between two reads shift the list: skip what was seen.
+                if newest_first.last().is_none_or(|l| figures.at_ms < l.at_ms) {
+                    newest_first.push(figures);
+                }
+            }
+            if reached || !full {
+                break;
+            }
+            start += chunk;
+            chunk = (chunk * 2).min(4096);
+        }
+        newest_first.reverse();
+        Ok(newest_first)
     }
 
     async fn presence(&self, instance: &str, window: Duration) -> Option<PresenceKind> {
