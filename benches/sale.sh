@@ -4,9 +4,11 @@
 # server that maps the `session` cookie to X-User-Id), three release gateways on one private
 # Redis, `vq-sim record-backend` behind them, and `vq-sim simulate` through nginx.
 # Each spike rate given is one run on a fresh Redis and fresh gateways; a table row per run.
+# CONSOLE_SHOT=file.png takes a screenshot of the first gateway's operator console (headless
+# chromium) CONSOLE_AT_S seconds into each run (the README's picture).
 # Usage: [SPIKE_S=10] [TAIL_RATE=0] [TAIL_S=0] [BATCH=500] [TICK_MS=1000] [MAX_S=40]
 #        [SALES="limited-drop:1"] [POLL_S=seconds: ignore pollAfterSeconds] [OUT=target/sale]
-#        benches/sale.sh [spike rate/s ...]
+#        [HB_S=60] [CONSOLE_SHOT=file.png] [CONSOLE_AT_S=20] benches/sale.sh [spike rate/s ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATES=("${@:-1000}")
@@ -18,7 +20,9 @@ TICK_MS=${TICK_MS:-1000}
 MAX_S=${MAX_S:-40}
 SALES=${SALES:-limited-drop:1}
 OUT=${OUT:-target/sale}
-HB_S=60
+CONSOLE_SHOT=${CONSOLE_SHOT:-}
+CONSOLE_AT_S=${CONSOLE_AT_S:-20}
+HB_S=${HB_S:-60}
 
 source benches/lib.sh
 need_tools nginx:nginx-light redis-server:redis-server redis-cli:redis-tools cmake:cmake python3:python3 curl:curl
@@ -32,7 +36,7 @@ for s in $SALES; do sale_args+=(--sale "$s"); done
 if [ -n "${POLL_S:-}" ]; then sale_args+=(--poll-interval-s "$POLL_S"); fi
 
 run() { # rate
-  local rate=$1 dir="$OUT/$1" run_pids=() redis backend auth lb gws=()
+  local rate=$1 dir="$OUT/$1" run_pids=() redis backend auth lb gws=() admins=()
   mkdir -p "$dir"
   redis=$(port)
   redis-server --port "$redis" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" >/dev/null & run_pids+=($!)
@@ -65,6 +69,7 @@ TOML
     RUST_LOG=warn $BIN serve --config "$WORK/gw$i.toml" 2>"$dir/gateway-$i.log" & run_pids+=($!)
     for _ in $(seq 100); do curl -sf "127.0.0.1:$admin/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
     gws+=("127.0.0.1:$gw")
+    admins+=("127.0.0.1:$admin")
   done
   auth=$(port); lb=$(port)
   sed -e "s/gateway-1:8080/${gws[0]}/; s/gateway-2:8080/${gws[1]}/; s/gateway-3:8080/${gws[2]}/" \
@@ -90,6 +95,12 @@ open(path, "w").write(conf)
 PY
   "$NGINX" -c "$WORK/nginx.conf" -p "$WORK" -e "$WORK/nginx-error.log" -g "daemon off; pid $WORK/nginx.pid;" & run_pids+=($!)
   for _ in $(seq 100); do curl -s -o /dev/null "127.0.0.1:$lb/" && break; sleep 0.05; done
+  if [ -n "$CONSOLE_SHOT" ]; then
+    # The page reads the console state once loaded; the virtual time budget lets it draw.
+    ( sleep "$CONSOLE_AT_S"; chromium --headless=new --no-sandbox --disable-gpu --hide-scrollbars \
+        --user-data-dir="$WORK/chromium" --window-size=1280,1400 --virtual-time-budget=4000 \
+        --screenshot="$(realpath -m "$CONSOLE_SHOT")" "http://${admins[0]}/console" >/dev/null 2>&1 ) & run_pids+=($!)
+  fi
   $SIM simulate --url "http://127.0.0.1:$lb" "${sale_args[@]}" --spike-rate "$rate" --spike-s "$SPIKE_S" \
     --tail-rate "$TAIL_RATE" --tail-s "$TAIL_S" --batch "$BATCH" --tick-ms "$TICK_MS" \
     --heartbeat-timeout-s "$HB_S" --identity cookie:session --max-duration-s "$MAX_S" \

@@ -257,7 +257,7 @@ impl SettingsRefresher {
 
 /// Re-reads the run-time settings every `FLAG_REFRESH` (SPEC §7: every instance within 3 s).
 #[async_trait]
-impl crate::gateway::console::FlagWriter for SettingsRefresher {
+impl crate::settings::FlagWriter for SettingsRefresher {
     /// Sets the fields in `queue:flag` (as `vq-gateway flag set` does) and reads the document
     /// back at once, so this replica answers with the change before its next refresh.
     async fn write_flag(&self, fields: &[(String, String)]) -> Result<u64, String> {

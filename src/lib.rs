@@ -15,9 +15,10 @@
 //!   the shutdown signals (SIGTERM drains, then stops).
 //! - `gateway`  — the public listener (`ProxyHttp`): `route` (classification, `ApiOp`),
 //!   `hygiene` (header, method and upgrade spellings refused before routing), `api` (queue
-//!   handlers), `gate` (`decide`: the entry-token check), `limits` (connections at once,
-//!   first-byte deadline), `admin` (health, readiness, metrics), `sales` (the admin API of sales:
-//!   `/sales`, bearer token).
+//!   handlers), `gate` (`decide`: the entry-token check), `conn` (connections at once,
+//!   their time bounds and eviction), `admin` (health, readiness, metrics), `sales` (the admin API of sales:
+//!   `/sales`, bearer token), `console` (the operator console: its page, its state, the flag's
+//!   `/flag`).
 //! - `routing`  — pure: `path` (strict canonicalisation) and `gated` (the purchase route table:
 //!   templates compiled from `gate.routes`, matching, look-alikes); shared by `gateway` and
 //!   `config`.
@@ -68,7 +69,7 @@
 //!   `vq-sim` package (`benches/sim`), a client of the gateway over HTTP that imports none of it.
 //!
 //! # A request's path
-//! nginx-lb → Pingora listener (`limits`) → `Gateway::request_filter`: header limits (431) and
+//! nginx-lb → Pingora listener (`gateway::conn`) → `Gateway::request_filter`: header limits (431) and
 //! hygiene (400) first, then the path is canonicalised once (ambiguous spellings → 400) and
 //! classified; the user comes from `identity`.
 //! `/virtual-queues/**` is answered locally by `api::handle` over the guarded store (a failed

@@ -21,6 +21,8 @@
 
 use std::time::Duration;
 
+use async_trait::async_trait;
+
 /// How long a replica that never saw a document waits for others to write it back before it
 /// creates it from its TOML values: two refreshes of the others and a command timeout to spare.
 pub const BOOTSTRAP_AFTER: Duration = Duration::from_secs(3);
@@ -156,6 +158,15 @@ impl Tracker {
             None => Step::Wait,
         }
     }
+}
+
+/// Writes the flag document where every replica reads it (the admin API's `PUT /flag`). With
+/// Redis: the settings refresher of `background.rs`, which also adopts the written document on
+/// this replica at once.
+#[async_trait]
+pub trait FlagWriter: Send + Sync {
+    /// Sets `fields` in the flag document: the version written, or why not.
+    async fn write_flag(&self, fields: &[(String, String)]) -> Result<u64, String>;
 }
 
 #[cfg(test)]

@@ -351,6 +351,23 @@ fn an_operator_steers_a_live_sale_from_the_console() {
         Duration::from_secs(5),
     );
 
+    // Redis stops answering: the page still answers with what the replica knows and says so,
+    // keeps the sales it showed, and recovers by itself when Redis is back.
+    redis.pause();
+    browser.wait_for(
+        "document.getElementById('summary').textContent.includes('not answering')",
+        Duration::from_secs(10),
+    );
+    assert_eq!(
+        browser.eval("document.querySelectorAll('article.sale').length"),
+        3
+    );
+    redis.resume();
+    browser.wait_for(
+        "!document.getElementById('summary').textContent.includes('not answering')",
+        Duration::from_secs(10),
+    );
+
     // Every control is reached with the keyboard.
     browser.eval("document.activeElement.blur(); window.scrollTo(0, 0); true");
     let mut reached = Vec::new();

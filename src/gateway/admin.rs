@@ -15,8 +15,9 @@ use http::Response;
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 
-use super::console::{self, FlagWriter};
+use super::console;
 use crate::app::AppState;
+use crate::settings::FlagWriter;
 use crate::store::QueueStore;
 
 pub struct AdminApp {

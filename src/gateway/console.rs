@@ -19,12 +19,11 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
-
 use super::sales::{self, SalesAnswer};
 use crate::app::AppState;
 use crate::flag::{FlagChange, FlagState};
 use crate::queue::QueueTarget;
+use crate::settings::FlagWriter;
 use crate::store::QueueStore;
 
 pub const PAGE: &str = include_str!("console/index.html");
@@ -34,14 +33,6 @@ pub const STYLE: &str = include_str!("console/console.css");
 /// The most sales the console lists (clients choose target ids: with `queue.targets = "any"`
 /// there may be thousands); the state says how many there are.
 pub const MAX_SALES: usize = 50;
-
-/// Writes the flag where every replica reads it. With Redis: the settings refresher of
-/// `background.rs`, which also adopts the written document on this replica at once.
-#[async_trait]
-pub trait FlagWriter: Send + Sync {
-    /// Sets `fields` in the flag document: the version written, or why not.
-    async fn write_flag(&self, fields: &[(String, String)]) -> Result<u64, String>;
-}
 
 fn error(status: u16, code: &str, detail: impl Into<String>) -> SalesAnswer {
     (
@@ -132,29 +123,20 @@ pub async fn put_flag(
     (200, Some(body))
 }
 
-/// `GET /console/state`.
+/// `GET /console/state`. While the store cannot be read (an outage: the moment an operator
+/// needs the page most) it still answers, with what this replica knows (the flag, whether it is
+/// degraded) and the store's error in `storeError`.
 pub async fn state(app: &Arc<AppState>, since_ms: u64) -> SalesAnswer {
     let now_ms = crate::clock::now().epoch_ms;
     let flag = app.flag.snapshot();
-    let (listed, count) = match sales::listed(app, MAX_SALES).await {
-        Ok(l) => l,
-        Err(e) => return sales::store_error(&e),
-    };
-    let mut sales = Vec::with_capacity(listed.len());
-    for (target, sale, mut figures) in listed {
-        figures["key"] = target.to_string().into();
-        figures["queue"] = queue_for(flag.as_ref(), target).into();
-        if sale.drawn_at_ms > 0 {
-            // Public once the draw has run (the admin export shows it too).
-            figures["drawSeed"] = sale.draw_seed.clone().into();
+    let mut store_error: Option<String> = None;
+    let (sales, count) = match sales_with_ticks(app, flag.as_ref(), since_ms).await {
+        Ok(listed) => listed,
+        Err(e) => {
+            store_error = Some(e.to_string());
+            (Vec::new(), 0)
         }
-        let ticks = match app.store.ticks(target, since_ms).await {
-            Ok(t) => t,
-            Err(e) => return sales::store_error(&e),
-        };
-        figures["ticks"] = ticks.iter().map(|t| t.to_json()).collect();
-        sales.push(figures);
-    }
+    };
     let live_window = app.config.pacer().live_window_ms();
     let replicas: Vec<serde_json::Value> = match app.store.roster_members().await {
         Ok(members) => members
@@ -178,13 +160,17 @@ pub async fn state(app: &Arc<AppState>, since_ms: u64) -> SalesAnswer {
                 })
             })
             .collect(),
-        Err(e) => return sales::store_error(&e),
+        Err(e) => {
+            store_error.get_or_insert(e.to_string());
+            Vec::new()
+        }
     };
     (
         200,
         Some(serde_json::json!({
             "now": now_ms,
             "store": app.store.kind(),
+            "storeError": store_error,
             "degraded": app.store.degraded(),
             "failOpenMode": app.config.fail_open.mode.as_str(),
             "liveWindowMs": live_window,
@@ -194,6 +180,29 @@ pub async fn state(app: &Arc<AppState>, since_ms: u64) -> SalesAnswer {
             "replicas": replicas,
         })),
     )
+}
+
+/// The sales the console lists, each with whether its queue is on, its draw's seed once drawn,
+/// and its ticks after `since_ms`; and how many targets there are.
+async fn sales_with_ticks(
+    app: &Arc<AppState>,
+    flag: Option<&FlagState>,
+    since_ms: u64,
+) -> Result<(Vec<serde_json::Value>, usize), crate::store::StoreError> {
+    let (listed, count) = sales::listed(app, MAX_SALES).await?;
+    let mut sales = Vec::with_capacity(listed.len());
+    for (target, sale, mut figures) in listed {
+        figures["key"] = target.to_string().into();
+        figures["queue"] = queue_for(flag, target).into();
+        if sale.drawn_at_ms > 0 {
+            // Public once the draw has run (the admin export shows it too).
+            figures["drawSeed"] = sale.draw_seed.clone().into();
+        }
+        let ticks = app.store.ticks(target, since_ms).await?;
+        figures["ticks"] = ticks.iter().map(|t| t.to_json()).collect();
+        sales.push(figures);
+    }
+    Ok((sales, count))
 }
 
 #[cfg(test)]

@@ -300,7 +300,8 @@ async fn list(state: &Arc<AppState>) -> SalesAnswer {
 }
 
 /// The sales (the allowed ones and those with a queue) in target order, each with its live
-/// figures (`shown`), at most `limit` of them, and how many there are.
+/// figures (`shown`), at most `limit` of them, and how many targets there are (sales and
+/// queues; only the first `limit` sales are read).
 pub async fn listed(
     state: &Arc<AppState>,
     limit: usize,
@@ -310,17 +311,16 @@ pub async fn listed(
     targets.sort();
     targets.dedup();
     let mut sales = Vec::new();
-    let mut count = 0;
-    for target in targets {
+    for &target in &targets {
+        if sales.len() >= limit {
+            break;
+        }
         if let Some(sale) = state.store.sale(target).await? {
-            count += 1;
-            if sales.len() < limit {
-                let figures = shown(state, target, &sale).await;
-                sales.push((target, sale, figures));
-            }
+            let figures = shown(state, target, &sale).await;
+            sales.push((target, sale, figures));
         }
     }
-    Ok((sales, count))
+    Ok((sales, targets.len()))
 }
 
 /// The sale with its target and live figures (`null` when the store cannot give them now): the

@@ -33,7 +33,7 @@ function duration(seconds) {
   if (seconds === null || seconds === undefined) return "—";
   const s = Math.round(seconds);
   if (s < 60) return `${s} s`;
-  if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+  if (s < 3600) return s % 60 ? `${Math.floor(s / 60)} min ${s % 60} s` : `${s / 60} min`;
   return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
 }
 
@@ -142,8 +142,8 @@ function saleView(sale) {
     evicted: figure("Evicted (10 min)"),
   };
   const figures = el("dl", { class: "figures" }, ...Object.values(f).map((x) => x.node));
-  const waitingChart = chart("Users waiting, last 10 minutes", [["waiting", COLORS.waiting]]);
-  const tickChart = chart("Admissions per tick against the budget, and evictions, last 10 minutes",
+  const waitingChart = chart("Users waiting (up to the last 10 minutes)", [["waiting", COLORS.waiting]]);
+  const tickChart = chart("Admissions per tick against the budget, and evictions (up to the last 10 minutes)",
     [["admitted", COLORS.admitted], ["budget", COLORS.budget], ["evicted", COLORS.evicted]]);
   const draw = el("p", { class: "draw" });
 
@@ -243,13 +243,15 @@ function plot(canvas, ticks, series, label) {
   const bottom = height - 18;
   const top = 8;
   const right = width - 8;
-  const from = serverNow - HISTORY_MS;
-  const x = (at) => left + ((at - from) / HISTORY_MS) * (right - left);
+  // The last ten minutes at most, and at least one: a young sale fills the width.
+  const span = Math.min(HISTORY_MS, Math.max(60000, ticks.length ? serverNow - ticks[0].at : 0));
+  const from = serverNow - span;
+  const x = (at) => left + ((at - from) / span) * (right - left);
   let highest = 1;
   for (const s of series) for (const t of ticks) highest = Math.max(highest, s.value(t));
   // A round top (1, 2 or 5 times a power of ten) whose half is a readable number too.
   const power = 10 ** Math.floor(Math.log10(highest));
-  const max = [1, 2, 5, 10].map((m) => m * power).find((m) => m >= highest) || highest;
+  const max = [1, 2, 2.5, 5, 10].map((m) => m * power).find((m) => m >= highest) || highest;
   const y = (v) => bottom - (v / max) * (bottom - top);
   g.font = "11px system-ui, sans-serif";
   g.fillStyle = "#57606a";
@@ -262,9 +264,9 @@ function plot(canvas, ticks, series, label) {
     g.stroke();
     g.fillText(Number(v).toLocaleString("en-US", { maximumFractionDigits: 1 }), 2, y(v) + 4);
   }
-  g.fillText("−10 min", left, height - 4);
+  g.fillText(`−${duration(span / 1000)}`, left, height - 4);
   g.fillText("now", right - 22, height - 4);
-  const barWidth = Math.max(1, ((right - left) / HISTORY_MS) * (ticks.length > 1 ? (ticks[ticks.length - 1].at - ticks[0].at) / (ticks.length - 1) : 1000) * 0.6);
+  const barWidth = Math.max(1, ((right - left) / span) * (ticks.length > 1 ? (ticks[ticks.length - 1].at - ticks[0].at) / (ticks.length - 1) : 1000) * 0.6);
   for (const s of series) {
     g.strokeStyle = s.color;
     g.fillStyle = s.color;
@@ -293,7 +295,7 @@ function drawCharts({ view, ticks, sale }) {
   const last = ticks[ticks.length - 1];
   plot(view.waitingChart.canvas, ticks,
     [{ kind: "line", color: COLORS.waiting, value: (t) => t.waiting }],
-    `Users waiting over the last 10 minutes: ${users(sale.waitingCount)} now.`);
+    `Users waiting over the last ${duration(Math.min(HISTORY_MS, ticks.length ? serverNow - ticks[0].at : 0) / 1000)}: ${users(sale.waitingCount)} now.`);
   plot(view.tickChart.canvas, ticks, [
     { kind: "bars", color: COLORS.admitted, offset: -0.5, value: (t) => t.admitted },
     { kind: "bars", color: COLORS.evicted, offset: 0.5, value: (t) => t.evicted },
@@ -338,12 +340,15 @@ function renderFlag(flag) {
 function render(state) {
   serverNow = state.now;
   const names = state.replicas.filter((r) => r.status !== "silent").length;
+  const storeText = state.storeError
+    ? `Store: ${state.store}, not answering (${state.storeError}); sales and replicas are shown again once it answers`
+    : `Store: ${state.store}`;
   document.getElementById("summary").textContent =
-    `Store: ${state.store}${state.degraded ? " (degraded: this replica is failing " + state.failOpenMode + ")" : ""} · ${names} live ${names === 1 ? "replica" : "replicas"} · updated ${new Date(state.now).toLocaleTimeString()}`;
+    `${storeText}${state.degraded ? ` · this replica is degraded (failing ${state.failOpenMode})` : ""} · ${names} live ${names === 1 ? "replica" : "replicas"} · updated ${new Date(state.now).toLocaleTimeString()}`;
   renderFlag(state.flag);
   renderReplicas(state.replicas, state.now);
   document.getElementById("sales-count").textContent = state.salesCount > state.sales.length
-    ? `Showing ${state.sales.length} of ${number(state.salesCount)} sales.`
+    ? `Showing the first ${state.sales.length} of ${number(state.salesCount)} sales and queues.`
     : `${number(state.salesCount)} ${state.salesCount === 1 ? "sale" : "sales"}.`;
   const seen = new Set();
   const list = document.getElementById("sales");
@@ -364,7 +369,7 @@ function render(state) {
     updateSale(entry);
   }
   for (const [key, entry] of sales) {
-    if (!seen.has(key)) {
+    if (!seen.has(key) && !state.storeError) {
       entry.view.card.remove();
       sales.delete(key);
     }
