@@ -119,7 +119,14 @@ impl FlagChange {
         if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
             return Err("the body must be a JSON object".into());
         }
+        // Unknown and repeated keys and wrong types are refused here.
         let raw: Raw = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+        // A key given as null is refused too, not read as absent (which would quietly drop it).
+        let object: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(body).map_err(|e| e.to_string())?;
+        if let Some((key, _)) = object.iter().find(|(_, v)| v.is_null()) {
+            return Err(format!("`{key}` must not be null"));
+        }
         let target = match raw.target {
             None => None,
             Some(t) => Some(
@@ -393,5 +400,87 @@ mod tests {
         one.per_target.insert(t, true);
         assert!(one.queue_on(t, 7));
         assert!(!one.queue_on(other, 7));
+    }
+
+    #[test]
+    fn a_flag_change_writes_its_fields_and_says_when_the_queue_took_users_in() {
+        let pairs = |c: &FlagChange| c.fields(1_000).unwrap();
+        let on = FlagChange {
+            enabled: Some(true),
+            ..FlagChange::default()
+        };
+        assert_eq!(
+            pairs(&on),
+            [
+                ("enabled".to_string(), "on".to_string()),
+                (QUEUED_SINCE.to_string(), "1000".to_string())
+            ]
+        );
+        let off = FlagChange {
+            enabled: Some(false),
+            ..FlagChange::default()
+        };
+        assert_eq!(pairs(&off), [("enabled".to_string(), "off".to_string())]);
+        let sale = QueueTarget::new(TargetType::LimitedDrop, 42);
+        let sale_off = FlagChange {
+            enabled: Some(false),
+            target: Some(sale),
+            ..FlagChange::default()
+        };
+        assert_eq!(
+            pairs(&sale_off),
+            [("LIMITED_DROP:42".to_string(), "off".to_string())]
+        );
+        for bad in [
+            FlagChange::default(),
+            FlagChange {
+                rollout: Some(101),
+                ..FlagChange::default()
+            },
+            FlagChange {
+                rollout: Some(5),
+                enabled: Some(true),
+                target: Some(sale),
+            },
+            FlagChange {
+                target: Some(sale),
+                ..FlagChange::default()
+            },
+        ] {
+            assert!(bad.fields(1).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_flag_change_is_read_strictly_from_json() {
+        assert_eq!(
+            FlagChange::from_json(br#"{"target":"LIMITED_DROP:42","enabled":false}"#),
+            Ok(FlagChange {
+                enabled: Some(false),
+                rollout: None,
+                target: Some(QueueTarget::new(TargetType::LimitedDrop, 42)),
+            })
+        );
+        assert_eq!(
+            FlagChange::from_json(br#" {"rolloutPercent":30}"#).map(|c| c.rollout),
+            Ok(Some(30))
+        );
+        for bad in [
+            &br#"{"enabled":"on"}"#[..],
+            br#"{"enabled":null}"#,
+            br#"{"enabled":true,"enabled":false}"#,
+            br#"{"rolloutPercent":256}"#,
+            br#"{"rolloutPercent":-1}"#,
+            br#"{"target":"LIMITED_DROP:042","enabled":true}"#,
+            br#"{"Enabled":true}"#,
+            br#"[true]"#,
+            b"",
+        ] {
+            assert!(
+                FlagChange::from_json(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 }

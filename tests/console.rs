@@ -468,6 +468,8 @@ fn the_console_serves_its_page_with_a_strict_policy_and_refuses_writes_without_t
         br#"{"rolloutPercent":5,"target":"LIMITED_DROP:1"}"#,
         br#"{"target":"LIMITED_DROP:01","enabled":true}"#,
         br#"{"enabled":true,"extra":1}"#,
+        br#"{"enabled":null,"rolloutPercent":5}"#,
+        br#"{"enabled":true,"enabled":false}"#,
         br#"[true]"#,
         br#"{}"#,
     ] {

@@ -123,7 +123,18 @@ fn assert_kept(sale: &Sale, events: &[Event], what: &str, lag_ticks: u64) {
         tick_ms: TICK_MS,
         batch: BATCH,
     };
-    load::assert_kept(events, &sale.purchases_ms(), budget, what, lag_ticks);
+    let purchases = sale.purchases_ms();
+    let kept =
+        std::panic::catch_unwind(|| load::assert_kept(events, &purchases, budget, what, lag_ticks));
+    if let Err(panic) = kept {
+        // What the replicas said about the refusals, beside the failed invariant.
+        for gw in &sale.gws {
+            for line in gw.log().lines().filter(|l| l.contains("refused")) {
+                eprintln!("{line}");
+            }
+        }
+        std::panic::resume_unwind(panic);
+    }
 }
 
 #[test]
