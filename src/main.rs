@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use vq_gateway::cli::{Cli, Command, DrawAction, FlagAction, OnOff, SaleAction, TargetAction};
 use vq_gateway::config::Config;
-use vq_gateway::ops::{self, FlagChange, OpsError};
+use vq_gateway::ops::{self, FlagSetArgs, OpsError};
 use vq_gateway::{logging, server};
 
 /// mimalloc's thread-local pages suit Pingora's many short-lived per-request buffers better than
@@ -101,7 +101,7 @@ fn flag(action: FlagAction) -> ExitCode {
             target,
         } => (
             config,
-            Some(FlagChange {
+            Some(FlagSetArgs {
                 enabled: enabled.map(|e| e == OnOff::On),
                 rollout: *rollout,
                 target: target.clone(),

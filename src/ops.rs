@@ -27,9 +27,9 @@ pub enum OpsError {
     Missing(&'static str, u64),
 }
 
-/// What `flag set` changes.
+/// What `flag set` was given (its target still text: `set` parses it).
 #[derive(Debug, Clone, Default)]
-pub struct FlagChange {
+pub struct FlagSetArgs {
     pub enabled: Option<bool>,
     pub rollout: Option<u8>,
     pub target: Option<String>,
@@ -156,8 +156,8 @@ pub fn show(config: &Config) -> Result<String, OpsError> {
 }
 
 /// `flag set`: writes the change to `queue:flag`.
-pub fn set(config: &Config, change: &FlagChange) -> Result<String, OpsError> {
-    let target = match &change.target {
+pub fn set(config: &Config, args: &FlagSetArgs) -> Result<String, OpsError> {
+    let target = match &args.target {
         None => None,
         Some(t) => Some(QueueTarget::parse_key(t).ok_or_else(|| {
             OpsError::Usage(format!(
@@ -166,8 +166,8 @@ pub fn set(config: &Config, change: &FlagChange) -> Result<String, OpsError> {
         })?),
     };
     let change = crate::flag::FlagChange {
-        enabled: change.enabled,
-        rollout: change.rollout,
+        enabled: args.enabled,
+        rollout: args.rollout,
         target,
     };
     let fields = change

@@ -166,47 +166,36 @@ fn response(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>>
 impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let path = session.req_header().uri.path().to_string();
-        if path == "/flag" && session.req_header().method == http::Method::PUT {
+        let flag_write = path == "/flag" && session.req_header().method == http::Method::PUT;
+        if flag_write || path == "/sales" || path.starts_with("/sales/") {
             let Some(body) = AdminApp::body(session).await else {
                 return json((
                     413,
-                    Some(
-                        serde_json::json!({"code": "PAYLOAD_TOO_LARGE", "detail": "a flag change is a small JSON object"}),
-                    ),
+                    Some(serde_json::json!({
+                        "code": "PAYLOAD_TOO_LARGE",
+                        "detail": "an admin change is a small JSON object",
+                    })),
                 ));
-            };
-            let authorization = session
-                .req_header()
-                .headers
-                .get(http::header::AUTHORIZATION)
-                .map(|v| v.as_bytes());
-            let who = match super::sales::authorize(self.token.as_ref(), authorization) {
-                Ok(who) => who,
-                Err(refused) => return json(refused),
-            };
-            let peer = peer(session);
-            let writer = self.flag.as_deref();
-            return json(console::put_flag(&self.state, writer, &body, &who, &peer).await);
-        }
-        if path == "/sales" || path.starts_with("/sales/") {
-            let Some(body) = AdminApp::body(session).await else {
-                return response(
-                    413,
-                    "application/json",
-                    br#"{"code":"PAYLOAD_TOO_LARGE","detail":"a sale change is a small JSON object"}"#
-                        .to_vec(),
-                );
             };
             let peer = peer(session);
             let header = session.req_header();
+            let authorization = header
+                .headers
+                .get(http::header::AUTHORIZATION)
+                .map(|v| v.as_bytes());
+            if flag_write {
+                let who = match super::sales::authorize(self.token.as_ref(), authorization) {
+                    Ok(who) => who,
+                    Err(refused) => return json(refused),
+                };
+                let writer = self.flag.as_deref();
+                return json(console::put_flag(&self.state, writer, &body, &who, &peer).await);
+            }
             let request = super::sales::SalesRequest {
                 method: &header.method,
                 peer: &peer,
                 path: &path,
-                authorization: header
-                    .headers
-                    .get(http::header::AUTHORIZATION)
-                    .map(|v| v.as_bytes()),
+                authorization,
                 body: &body,
             };
             return json(super::sales::handle(&self.state, self.token.as_ref(), request).await);

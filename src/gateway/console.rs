@@ -43,13 +43,9 @@ fn error(status: u16, code: &str, detail: impl Into<String>) -> SalesAnswer {
 
 /// The flag as this replica holds it (`known: false` before its first reading of Redis).
 pub fn flag_json(app: &AppState) -> serde_json::Value {
-    match app.flag.snapshot() {
-        None => serde_json::json!({ "known": false }),
-        Some(flag) => flag_state_json(&flag),
-    }
-}
-
-fn flag_state_json(flag: &FlagState) -> serde_json::Value {
+    let Some(flag) = app.flag.snapshot() else {
+        return serde_json::json!({ "known": false });
+    };
     let mut targets: Vec<(String, bool)> = flag
         .per_target
         .iter()

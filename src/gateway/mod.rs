@@ -378,10 +378,10 @@ enum Stop {
 fn forward_path(
     raw: &[u8],
     canonical: &path::CanonicalPath<'_>,
-    gated: Option<&gated::GatedPath<'_>>,
+    gated: Option<gated::GatedPath<'_>>,
 ) -> Option<String> {
     match gated {
-        Some(g) if raw != g.canonical.as_bytes() => Some(g.canonical.clone().into_owned()),
+        Some(g) if raw != g.canonical.as_bytes() => Some(g.canonical.into_owned()),
         Some(_) => None,
         None if is_absolute_form(raw) => Some(canonical.to_path()),
         None => None,
@@ -528,7 +528,7 @@ impl ProxyHttp for Gateway {
             }
         }
         // 7. What the backend receives as the path.
-        ctx.forward_path = forward_path(req.raw_path(), &canonical, gated.as_ref());
+        ctx.forward_path = forward_path(req.raw_path(), &canonical, gated);
         Ok(false)
     }
 

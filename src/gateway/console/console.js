@@ -220,12 +220,12 @@ function updateSale(entry) {
   view.draw.textContent = parts.join(" ");
   view.draw.hidden = parts.length === 0;
   // Keep the budget fields in step with the sale unless the operator is editing them.
-  for (const { input } of view.inputs) {
-    if (document.activeElement === input) return drawCharts(entry);
+  const [batch, tick, capacity] = view.inputs.map(({ input }) => input);
+  if (![batch, tick, capacity].includes(document.activeElement)) {
+    batch.value = sale.batchSize;
+    tick.value = sale.tickMs;
+    capacity.value = sale.maxCapacity;
   }
-  view.inputs[0].input.value = sale.batchSize;
-  view.inputs[1].input.value = sale.tickMs;
-  view.inputs[2].input.value = sale.maxCapacity;
   drawCharts(entry);
 }
 
