@@ -12,15 +12,28 @@
 -- KEYS[8]    queue:{T}:last_advance  STRING, Redis time (ms) of the last advance
 -- KEYS[9]    queue:{T}:sale          HASH: batchSize, tickMs, state (sale_write.lua), read here so
 --                                    that every replica's pump admits the sale's own budget
+-- KEYS[10]   queue:{T}:losses        HASH kind -> count: the losses of this target's state the
+--                                    scripts found (declared: it is read at every step, and a
+--                                    cluster refuses undeclared keys of a slot in migration)
 -- ARGV[1] the part of the batch the caller may admit, in millionths (less than all of it while
 -- replicas that stopped registering may be pacing on their own), ARGV[2] key TTL (ms), ARGV[3]
 -- samples to keep, ARGV[4] and ARGV[5] the caller's default batchSize and tickMs (a sale that
 -- does not exist: lost with Redis' data), ARGV[6] the slices (share.rs) that bound this step in
 -- its tick (now over the sale's tickMs): "" none, "=start:end" only what this slice admits (a
 -- pump whose registration failed), "-start:end,..." less what these admit (replicas that may
--- be pacing on their own)
+-- be pacing on their own), ARGV[7] the highest mark the calling replica has seen, ARGV[8] the
+-- highest seq, ARGV[9] the highest version of the sale it has read (0: none), ARGV[10] and
+-- ARGV[11] the caller's default maxCapacity and heartbeatTimeoutS (for a lost sale's stand-in)
 -- Reply: {outcome, admitted_count, newly admitted live users, waiting count, ms until allowed,
---         the sale's batchSize, the sale's tickMs}
+--         the sale's batchSize, the sale's tickMs, seq, losses: "kind=count,..." (the counts in
+--         queue:{T}:losses, named from KEYS[1]'s prefix)}
+--
+-- Losses (docs/state.md), checked before anything is admitted: a mark below the highest one
+-- a replica saw (lost, or Redis came back from a failover behind) is set back to it, so no user
+-- is admitted twice; a seq below the mark, the highest waiting score or the highest seq a
+-- replica saw is set back to their maximum, so no seq is handed out twice; a sale missing next
+-- to queue state (or one a replica read) is recreated paused and marked `lost`, and nobody is
+-- admitted from made-up parameters until a replica writes back the one it read.
 --   outcome: "ADVANCED" | "GUARDED" (too soon after the last advance: 0.95 of the sale's tick;
 --   the 5th element says how long until the next advance is allowed) | "IDLE" (nobody to admit)
 --   | "PAUSED" (the sale's state is paused: nobody is admitted, everyone keeps their place)
@@ -32,11 +45,51 @@
 -- the queue moving instead of failing it open; new enters (enter.lua, no allow-oom) are refused.
 
 local share_ppm, ttl = tonumber(ARGV[1]), ARGV[2]
+local losses_key = KEYS[10]
+local function lost(kind)
+  redis.call('HINCRBY', losses_key, kind, 1)
+  redis.call('PEXPIRE', losses_key, ttl)
+end
+
+-- The state's invariants, repaired from what survives and from the caller's memory.
+local mark_floor, seq_floor = tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0
+local mark_raw, seq_raw = redis.call('GET', KEYS[4]), redis.call('GET', KEYS[3])
+local top = tonumber(redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2] or '0')
+if tonumber(mark_raw or '0') < mark_floor then
+  redis.call('SET', KEYS[4], string.format('%d', mark_floor), 'PX', ttl)
+  lost('mark')
+end
+local want_seq = math.max(seq_floor, top, mark_floor, tonumber(mark_raw or '0'))
+if tonumber(seq_raw or '0') < want_seq then
+  redis.call('SET', KEYS[3], string.format('%d', want_seq), 'PX', ttl)
+  lost('seq')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('EXISTS', KEYS[9]) == 0 then
+  local known = tonumber(ARGV[9]) or 0
+  if known > 0 or top > 0 or want_seq > 0 then
+    local at = string.format('%d', now)
+    local window = math.max(1, math.floor(tonumber(ARGV[11]) * 1000 / 4))
+    redis.call('HSET', KEYS[9], 'batchSize', ARGV[4], 'tickMs', ARGV[5], 'maxCapacity', ARGV[10],
+      'heartbeatTimeoutS', ARGV[11], 'state', 'paused', 'windowMs', string.format('%d', window),
+      'windowSince', at, 'version', '0', 'updatedAtMs', at, 'lostAtMs', at)
+    redis.call('PEXPIRE', KEYS[9], ttl)
+    lost('sale')
+  end
+end
+local function losses()
+  local flat = redis.call('HGETALL', losses_key)
+  local parts = {}
+  for i = 1, #flat, 2 do
+    parts[#parts + 1] = flat[i] .. '=' .. flat[i + 1]
+  end
+  return table.concat(parts, ',')
+end
+
 local sale = redis.call('HMGET', KEYS[9], 'batchSize', 'tickMs', 'state', 'opensAt', 'drawnAt')
 local batch_size = tonumber(sale[1] or ARGV[4])
 local tick_ms = tonumber(sale[2] or ARGV[5])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local batch = math.floor(batch_size * share_ppm / 1000000)
 
 -- A slice's users in tick `tick` (share.rs: cells of a 64-tick frame, ticks bit-reversed).
@@ -72,7 +125,8 @@ if part ~= '' then
 end
 local min_interval = math.floor(tick_ms * 0.95)
 local function reply(outcome, mark, admitted, waiting, retry)
-  return {outcome, mark, admitted, waiting, retry, batch_size, tick_ms}
+  return {outcome, mark, admitted, waiting, retry, batch_size, tick_ms,
+    tonumber(redis.call('GET', KEYS[3]) or '0'), losses()}
 end
 
 local mark = tonumber(redis.call('GET', KEYS[4]) or '0')

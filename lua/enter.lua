@@ -23,7 +23,17 @@
 --                                    files differ still apply one capacity and one window to a sale
 -- ARGV[1] now (ms), ARGV[2] key TTL (ms), ARGV[3..6] the caller's defaults for a sale that does
 -- not exist yet (batchSize, tickMs, maxCapacity, heartbeatTimeoutS): the first enter creates it
--- with them (version 0, expiring with the target's keys), ARGV[6+i] userId i
+-- with them (version 0, expiring with the target's keys), ARGV[7] the highest seq the calling
+-- replica has seen for this target, ARGV[8] the highest version of the sale it has read (0:
+-- none), ARGV[8+i] userId i
+--
+-- Losses (docs/state.md): a missing `seq` next to a mark, waiting users or a replica that saw
+-- seqs is a lost key, never a fresh sequence: it is set back to the highest of them before any
+-- seq is handed out, so no place is given twice. A missing sale next to queue state, or one a
+-- replica has read, is lost too: it is created paused and marked `lost` (nobody is admitted
+-- from made-up parameters) until a replica writes back what it last read. Each loss found is
+-- counted in queue:{T}:losses (HASH kind -> count, named here from KEYS[1]'s prefix), which the
+-- pump reports.
 -- The heartbeats of the current window go to queue:{T}:alive:{windowMs}:{now / windowMs}, a bitmap
 -- by seq named here (same hash tag, same slot) because its name depends on the sale's width.
 -- A user's token (STRING "expiresAt|token") is at queue:{T}:token:{userId}, a key named here from
@@ -48,11 +58,16 @@
 -- before it runs, instead of failing at its first write and keeping the writes before it.
 
 local now, ttl = tonumber(ARGV[1]), ARGV[2]
-local n = #ARGV - 6
+local n = #ARGV - 8
 local call = redis.call
 local users = {}
 for i = 1, n do
-  users[i] = ARGV[6 + i]
+  users[i] = ARGV[8 + i]
+end
+local prefix = string.match(KEYS[1], '^(.*)waiting$')
+local function lost(kind)
+  call('HINCRBY', prefix .. 'losses', kind, 1)
+  call('PEXPIRE', prefix .. 'losses', ttl)
 end
 
 -- The sale: created from the caller's defaults by the first enter of a target nobody created.
@@ -67,12 +82,39 @@ if now < tonumber(sale[3] or '0') then
   end
   return early
 end
+-- The sequence: a missing one is repaired from what survives (the mark, the waiting set, the
+-- calling replica's memory) before anything is handed out.
+local seq_now = call('GET', KEYS[3])
+local mark_now = call('GET', KEYS[4])
+local top = call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
+local floor = math.max(tonumber(ARGV[7]) or 0, tonumber(mark_now or '0'), tonumber(top or '0'))
+if not seq_now then
+  if floor > 0 then
+    call('SET', KEYS[3], string.format('%d', floor), 'PX', ttl)
+    lost('seq')
+  end
+elseif tonumber(seq_now) < floor then
+  -- Below a seq already handed out (rolled back, or a key set by hand): never reused.
+  call('SET', KEYS[3], string.format('%d', floor), 'PX', ttl)
+  lost('seq')
+end
 if not window_ms then
   capacity = tonumber(ARGV[5])
   window_ms = math.max(1, math.floor(tonumber(ARGV[6]) * 1000 / 4))
-  call('HSET', sale_key, 'batchSize', ARGV[3], 'tickMs', ARGV[4], 'maxCapacity', ARGV[5],
-    'heartbeatTimeoutS', ARGV[6], 'state', 'open', 'windowMs', string.format('%d', window_ms),
-    'windowSince', '0', 'version', '0', 'updatedAtMs', ARGV[1])
+  local known = tonumber(ARGV[8]) or 0
+  local has_state = floor > 0 or seq_now or call('EXISTS', KEYS[4]) == 1
+  if has_state or known > 0 then
+    -- Lost, not new: paused until a replica writes back the sale it read; the heartbeat
+    -- windows restart (windowSince) since nobody's silence was observed in them.
+    call('HSET', sale_key, 'batchSize', ARGV[3], 'tickMs', ARGV[4], 'maxCapacity', ARGV[5],
+      'heartbeatTimeoutS', ARGV[6], 'state', 'paused', 'windowMs', string.format('%d', window_ms),
+      'windowSince', ARGV[1], 'version', '0', 'updatedAtMs', ARGV[1], 'lostAtMs', ARGV[1])
+    lost('sale')
+  else
+    call('HSET', sale_key, 'batchSize', ARGV[3], 'tickMs', ARGV[4], 'maxCapacity', ARGV[5],
+      'heartbeatTimeoutS', ARGV[6], 'state', 'open', 'windowMs', string.format('%d', window_ms),
+      'windowSince', '0', 'version', '0', 'updatedAtMs', ARGV[1])
+  end
   call('PEXPIRE', sale_key, ttl)
 end
 -- A window's bitmap lives past the last sweep that may read it (12 windows, sweep.lua).
@@ -143,9 +185,9 @@ if nfresh > 0 then
   local last = call('INCRBY', KEYS[3], nfresh)
   first = last - nfresh + 1
   if first == 1 then
-    -- A fresh sequence must start from a fresh mark: a stale admitted_count left behind by an
-    -- expired seq would admit newcomers at once (and stale queued bits would name new users).
-    call('DEL', KEYS[2], KEYS[4], KEYS[7])
+    -- A fresh sequence (no mark, nobody waiting, no replica saw a seq: see above): stale queued
+    -- bits and samples left behind would name new users.
+    call('DEL', KEYS[2], KEYS[7])
   end
   local zadd = {}
   for p = 1, nfresh do

@@ -36,10 +36,18 @@
 -- ARGV[4] "register" | "leave", ARGV[5] the slice asked for "start:end", ARGV[6] the batch size,
 -- ARGV[7] this instance's heartbeat credit (ms), ARGV[8] replica name ("" none),
 -- ARGV[9] min replicas, ARGV[10] presence: "" none, "classic" or "shard" (the subscription kind)
+-- KEYS[5] {queue:instances}:clock    HASH n (registrations counted), rollbacks (same slot)
+-- ARGV[11] the highest n this instance was answered (0: none), ARGV[12] the rollbacks it knows
 -- Reply: {live, recent, legacy users per tick held back, "start:end,..." slices held back,
 --         recorded "start:end", desired "start:end", largest credit, retired (1: this id was
 --         retired by a newer instance with its name), presence seen (1/0), members dropped as
---         dead, members dropped as retired}
+--         dead, members dropped as retired, n, rollbacks}
+--
+-- The clock (docs/state.md): every registration counts one. A count at or below one this
+-- instance was already answered means Redis went back in time (came back from a failover
+-- behind, or from an old snapshot) or lost the key: the count is set forward and `rollbacks`
+-- goes above every count an instance knows, so every replica learns of it at its next
+-- registration (within a tick) and writes back what it remembers (spent claims, issued tokens).
 
 local UNIT = 1000000
 local t = redis.call('TIME')
@@ -236,6 +244,18 @@ redis.call('PEXPIRE', KEYS[2], recent_window * 2)
 
 local retired_flag = 0
 if retired_self then retired_flag = 1 end
+local clock_n, rollbacks = 0, 0
+if KEYS[5] then
+  local seen_n, known_rollbacks = tonumber(ARGV[11]) or 0, tonumber(ARGV[12]) or 0
+  clock_n = redis.call('HINCRBY', KEYS[5], 'n', 1)
+  rollbacks = tonumber(redis.call('HGET', KEYS[5], 'rollbacks') or '0')
+  if clock_n <= seen_n then
+    clock_n = seen_n + 1
+    rollbacks = math.max(rollbacks, known_rollbacks) + 1
+    redis.call('HSET', KEYS[5], 'n', clock_n, 'rollbacks', rollbacks)
+  end
+end
 return {redis.call('ZCOUNT', KEYS[1], now - live_window, '+inf'), redis.call('ZCARD', KEYS[1]),
         reserved_legacy, table.concat(reserved, ','), rec_s .. ':' .. rec_e,
-        desired_s .. ':' .. desired_e, largest, retired_flag, seen_self, dead, retired}
+        desired_s .. ':' .. desired_e, largest, retired_flag, seen_self, dead, retired,
+        clock_n, rollbacks}

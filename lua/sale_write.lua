@@ -4,7 +4,7 @@
 -- in the same step as the state they act on, so two replicas never apply different values to
 -- one sale whatever their config files say.
 --
--- KEYS[1] queue:{T}:sale
+-- KEYS[1] queue:{T}:sale, KEYS[2] queue:{T}:seq (whether anyone entered the queue yet)
 -- ARGV[1] mode: "merge" (an operator's change: the given fields over the stored ones, or over
 --         the defaults below for a new sale; the version goes up by one) | "restore" (a replica
 --         writing back what it last read: the whole document, only when the stored one is
@@ -13,7 +13,13 @@
 --         "default:<field>", value; restore: every field)
 -- Reply: the stored hash after the call as a flat array (HGETALL), whatever the mode did; or,
 -- for a merge the stored sale refuses, {"REFUSED", field, why} (nothing written): the opening
--- cannot change once the draw has run, and a pre-queue opens before the opening.
+-- cannot change once the draw has run, a first opening cannot be set once users queue in
+-- arrival order (the draw would reshuffle places already shown), and a pre-queue opens before
+-- the opening.
+--
+-- A stand-in that enter.lua or advance.lua made for a lost sale (field lostAtMs, paused) is
+-- older than any sale a replica read: a restore always replaces it, and restarts the heartbeat
+-- windows (windowSince = now: heartbeats meanwhile went to windows of the stand-in's width).
 --
 -- Fields: batchSize, tickMs, maxCapacity, heartbeatTimeoutS, state ("open" | "paused"), version
 -- (0: created by an enter from that replica's defaults), updatedAtMs, and two derived from the
@@ -34,7 +40,12 @@ local function window_of(timeout_s)
 end
 
 if mode == 'restore' then
-  local stored = tonumber(call('HGET', key, 'version') or '-1')
+  local held = call('HMGET', key, 'version', 'lostAtMs')
+  local stored = tonumber(held[1] or '-1')
+  local stand_in = held[2] ~= false and held[2] ~= nil
+  if stand_in then
+    stored = -1
+  end
   local given = {}
   for i = 3, #ARGV, 2 do
     given[ARGV[i]] = ARGV[i + 1]
@@ -43,6 +54,9 @@ if mode == 'restore' then
     call('DEL', key)
     for i = 3, #ARGV, 2 do
       call('HSET', key, ARGV[i], ARGV[i + 1])
+    end
+    if stand_in then
+      call('HSET', key, 'windowSince', string.format('%d', now))
     end
   end
   return call('HGETALL', key)
@@ -75,6 +89,10 @@ for _, f in ipairs({'opensAt', 'prequeueOpensAt'}) do
   end
 end
 local opens, prequeue = tonumber(out['opensAt']), tonumber(out['prequeueOpensAt'])
+if opens > 0 and tonumber(old['opensAt'] or '0') == 0 and tonumber(call('GET', KEYS[2]) or '0') > 0 then
+  return {'REFUSED', 'opensAt',
+    'users already queue in arrival order: an opening (and its draw) can only be set before the first enter'}
+end
 if prequeue > 0 and (opens == 0 or prequeue > opens) then
   return {'REFUSED', 'prequeueOpensAt', 'must come before opensAt (set opensAt too)'}
 end
@@ -99,6 +117,8 @@ for f, v in pairs(out) do
   args[#args + 1] = f
   args[#args + 1] = v
 end
+-- An operator's change is a decision: a stand-in for a lost sale becomes a sale.
+call('HDEL', key, 'lostAtMs')
 call('HSET', key, unpack(args))
 call('PERSIST', key)
 return call('HGETALL', key)

@@ -28,6 +28,8 @@ pub struct AppState {
     pub pacer: Arc<Pacer>,
     /// The single-use claims this replica remembers (`claims.rs`).
     pub claims: Claims,
+    /// The entry tokens this replica answered for admissions through the queue (`issued.rs`).
+    pub issued: crate::issued::Issued,
     /// Who the user is (`[identity]`).
     pub identity: crate::identity::Identity,
     /// Which targets may have a queue (`queue.targets`).
@@ -72,6 +74,7 @@ impl AppState {
             flag,
             metrics,
             pacer: Arc::new(pacer),
+            issued: Default::default(),
             claims: Claims::in_memory(),
             identity,
             allowed,

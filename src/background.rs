@@ -98,13 +98,16 @@ impl SettingsRefresher {
                 .sales
                 .set(target, read.clone(), None, crate::clock::now().epoch_ms);
             let known = self.sales.lock().get(&target).cloned();
+            // A paused stand-in the scripts made for a lost sale (`lost_at_ms`) is older than
+            // any sale read: never remembered, always replaced by the one remembered.
             let lost = match (&read, &known) {
                 (None, Some(k)) => Some(k.clone()),
-                (Some(r), Some(k)) if r.version < k.version => Some(k.clone()),
+                (Some(r), Some(k)) if r.version < k.version || r.lost_at_ms > 0 => Some(k.clone()),
                 _ => None,
             };
             let Some(known) = lost else {
-                if let Some(r) = read {
+                if let Some(r) = read.filter(|r| r.lost_at_ms == 0) {
+                    self.store.saw_sale(target, r.version);
                     self.sales.lock().insert(target, r);
                 }
                 continue;
@@ -125,7 +128,13 @@ impl SettingsRefresher {
                 }
             }
         }
-        self.sales.lock().retain(|t, _| registered.contains(t));
+        self.sales.lock().retain(|t, _| {
+            let keep = registered.contains(t);
+            if !keep {
+                self.store.forget_sale(*t);
+            }
+            keep
+        });
     }
 
     fn tracker(&self, kind: DocKind) -> &Mutex<Tracker> {
@@ -172,8 +181,12 @@ impl SettingsRefresher {
                         .with_label_values(&[kind.as_str()])
                         .inc();
                     if kind == DocKind::Flag {
-                        // The spent tokens went with it: write back every claim remembered here.
+                        // The spent tokens and issued ones went with it: write back every
+                        // claim and token remembered here.
                         self.state.claims.requeue_all(now_ms / 1000);
+                        self.state
+                            .pacer
+                            .return_unrecorded(self.state.issued.live(now_ms / 1000));
                     }
                     tracing::error!(
                         state = kind.as_str(),
@@ -331,7 +344,20 @@ impl RedisConnection {
                 compacted_at = now_s;
                 self.state.claims.compact_journal(now_s);
             }
-            if store.probe().await.is_err() || self.state.claims.pending_len() == 0 {
+            if store.probe().await.is_err() {
+                continue;
+            }
+            if self.state.pacer.take_rollback() {
+                // Redis went back in time: the claims spent and the tokens issued in the lost
+                // window are written again, so no spent token buys again and nobody gets a
+                // second token (docs/state.md).
+                self.state.claims.requeue_all(now_s);
+                self.state
+                    .pacer
+                    .return_unrecorded(self.state.issued.live(now_s));
+            }
+            self.record_paced().await;
+            if self.state.claims.pending_len() == 0 {
                 continue;
             }
             // The claims taken while the store was down (or remembered, after it lost its data).
@@ -367,6 +393,50 @@ impl RedisConnection {
             }
             self.state.claims.restore_pending(left);
         }
+    }
+
+    /// Writes the admissions this replica made while pacing into the store (`record_paced`):
+    /// their tokens become the stored ones and their users leave the waiting room, so the pump
+    /// never admits them a second time and their next polls answer the same token.
+    async fn record_paced(&self) {
+        let paced = self.state.pacer.take_unrecorded();
+        if paced.is_empty() {
+            return;
+        }
+        let store = &self.state.store;
+        let now = crate::clock::now();
+        let mut left = Vec::new();
+        let mut written = 0usize;
+        for (target, user, expires_at) in paced {
+            if !left.is_empty() || expires_at <= now.epoch_ms / 1000 {
+                if expires_at > now.epoch_ms / 1000 {
+                    left.push((target, user, expires_at));
+                }
+                continue;
+            }
+            let claims = crate::token::TokenClaims {
+                target_type: target.kind,
+                target_id: target.id,
+                user_id: user,
+                expires_at,
+            };
+            let token = crate::store::TokenCandidate {
+                token: crate::token::mint(&self.state.keys, &claims),
+                expires_at,
+            };
+            match crate::store::QueueStore::record_paced(&**store, target, user, &token, now).await {
+                Ok(true) => written += 1,
+                Ok(false) => {}
+                Err(_) => left.push((target, user, expires_at)),
+            }
+        }
+        if written > 0 {
+            tracing::info!(
+                written,
+                "admissions made while pacing recorded in the store (their users are not admitted again)"
+            );
+        }
+        self.state.pacer.return_unrecorded(left);
     }
 
     /// Warns when full queues would not fit in Redis' `maxmemory`, or when Redis may evict queue

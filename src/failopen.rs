@@ -181,6 +181,29 @@ pub struct Pacer {
     /// sale's hash: a slice admits its cells of the sale's own budget (`share_for`). Bounded
     /// like the budgets.
     sales: Mutex<HashMap<QueueTarget, (u32, u64)>>,
+    /// Each sale's admission mark as the pump's last step read it: a queue ticket at or below it
+    /// proves a place that was already admitted, and gives no precedence. Bounded like `sales`.
+    marks: Mutex<HashMap<QueueTarget, u64>>,
+    /// Admissions made while pacing whose tokens are not recorded in the store yet (sale, user,
+    /// token expiry): written back once it answers (`QueueStore::record_paced`), so the pump
+    /// never admits those users again and their polls answer the same token.
+    unrecorded: Mutex<Vec<(QueueTarget, u64, u64)>>,
+    /// The replica roster's clock as this replica was last answered (docs/state.md).
+    clock: Mutex<RosterClock>,
+}
+
+/// What this replica knows of the roster's clock (`instances.lua`).
+#[derive(Debug, Default)]
+struct RosterClock {
+    /// The highest clock it was answered.
+    seen: u64,
+    /// The rollbacks the roster counted, once learned.
+    rollbacks: Option<u64>,
+    /// A rollback was learned and the write-back of what this replica remembers is due.
+    pending: bool,
+    /// New tokens are held back until then (epoch ms): every replica writes back what it
+    /// handed out first.
+    hold_until_ms: u64,
 }
 
 /// This replica's standing in the replica roster, as far as it knows.
@@ -227,11 +250,20 @@ struct Budget {
     /// let through yet: (seq, user) → when last seen (epoch ms). Kept across ticks; the lowest
     /// `MAX_HOLDERS` seqs only.
     holders: std::collections::BTreeMap<(u64, u64), u64>,
-    /// Users let through while pacing, in any tick, and until when they are remembered (epoch
-    /// ms): one who asks again gets through again without spending a later tick's share (the
-    /// same user's admission; a holder's ticket does not buy one a tick). At most
-    /// `MAX_REMEMBERED` per sale.
-    admitted: HashMap<u64, u64>,
+    /// Users let through while pacing, in any tick: one who asks again gets through again
+    /// without spending a later tick's share, with the same token (the same user's admission;
+    /// a holder's ticket does not buy one a tick). At most `MAX_REMEMBERED` per sale.
+    admitted: HashMap<u64, Admission>,
+}
+
+/// One user let through while pacing.
+#[derive(Debug, Clone, Copy)]
+struct Admission {
+    /// Until when the admission is remembered (epoch ms): `paced_for` after it, or as long as
+    /// its token lives if longer.
+    until_ms: u64,
+    /// The expiry of the token handed out for it (epoch s; 0 before the first answer).
+    expires_at_s: u64,
 }
 
 /// How many users let through a replica remembers per sale while it paces.
@@ -264,7 +296,113 @@ impl Pacer {
             registration: Mutex::new(Registration::default()),
             budgets: Mutex::new(Budgets::default()),
             sales: Mutex::new(HashMap::new()),
+            marks: Mutex::new(HashMap::new()),
+            unrecorded: Mutex::new(Vec::new()),
+            clock: Mutex::new(RosterClock::default()),
         }
+    }
+
+    /// The highest roster clock this replica was answered, and the rollbacks it knows.
+    pub fn roster_clock(&self) -> (u64, u64) {
+        let c = self.clock.lock();
+        (c.seen, c.rollbacks.unwrap_or(0))
+    }
+
+    /// A registration answered the roster's clock and rollbacks (0 and 0: not kept): true when
+    /// it tells of a rollback this replica did not know of (not the ones before it started).
+    pub fn saw_roster_clock(&self, clock: u64, rollbacks: u64, now_ms: u64) -> bool {
+        let mut c = self.clock.lock();
+        if clock == 0 {
+            return false;
+        }
+        c.seen = c.seen.max(clock);
+        let new = c.rollbacks.is_some_and(|known| rollbacks > known);
+        c.rollbacks = Some(c.rollbacks.unwrap_or(0).max(rollbacks));
+        if new {
+            c.pending = true;
+            // Every replica learns of it at its next registration (within a tick) and writes
+            // back at once.
+            c.hold_until_ms = now_ms
+                .saturating_add(self.cfg.tick_ms.saturating_mul(2))
+                .saturating_add(1000);
+        }
+        new
+    }
+
+    /// Whether new tokens are held back after a rollback (`saw_roster_clock`).
+    pub fn issue_held(&self, now_ms: u64) -> bool {
+        now_ms < self.clock.lock().hold_until_ms
+    }
+
+    /// Takes a pending write-back after a rollback (`saw_roster_clock`).
+    pub fn take_rollback(&self) -> bool {
+        std::mem::take(&mut self.clock.lock().pending)
+    }
+
+    /// Records a sale's admission mark as the pump's step read it.
+    pub fn set_mark(&self, target: QueueTarget, mark: u64) {
+        let mut marks = self.marks.lock();
+        if marks.len() >= MAX_PACED_TARGETS && !marks.contains_key(&target) {
+            let known = self.budgets.lock().known.clone();
+            marks.retain(|t, _| known.contains(t));
+            if marks.len() >= MAX_PACED_TARGETS {
+                return;
+            }
+        }
+        let m = marks.entry(target).or_insert(0);
+        *m = (*m).max(mark);
+    }
+
+    /// The expiry of the token of `user`'s admission while pacing (`Pace::Admitted`): the one
+    /// handed out first, as long as it lives, so every later answer carries the same token (one
+    /// admission, one token, one purchase); `fresh_s` for the first answer. None when this
+    /// replica holds no paced admission of the user.
+    pub fn token_expiry(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        fresh_s: u64,
+        now_ms: u64,
+    ) -> Option<u64> {
+        let mut budgets = self.budgets.lock();
+        let admission = budgets
+            .per_target
+            .get_mut(&target)?
+            .admitted
+            .get_mut(&user)?;
+        if admission.until_ms <= now_ms {
+            return None;
+        }
+        if admission.expires_at_s.saturating_mul(1000) <= now_ms {
+            admission.expires_at_s = fresh_s;
+            admission.until_ms = admission.until_ms.max(fresh_s.saturating_mul(1000));
+            let mut unrecorded = self.unrecorded.lock();
+            if unrecorded.len() < MAX_REMEMBERED {
+                unrecorded.push((target, user, fresh_s));
+            }
+        }
+        Some(admission.expires_at_s)
+    }
+
+    /// The expiry of a live token this replica handed `user` while pacing, if any: an admission
+    /// through the store reuses it (the same user, the same token).
+    pub fn remembered_expiry(&self, target: QueueTarget, user: u64, now_ms: u64) -> Option<u64> {
+        let budgets = self.budgets.lock();
+        let admission = budgets.per_target.get(&target)?.admitted.get(&user)?;
+        (admission.expires_at_s.saturating_mul(1000) > now_ms).then_some(admission.expires_at_s)
+    }
+
+    /// Takes the paced admissions not yet recorded in the store.
+    pub fn take_unrecorded(&self) -> Vec<(QueueTarget, u64, u64)> {
+        std::mem::take(&mut *self.unrecorded.lock())
+    }
+
+    /// Gives back the paced admissions the store could not record yet.
+    pub fn return_unrecorded(&self, mut left: Vec<(QueueTarget, u64, u64)>) {
+        let mut unrecorded = self.unrecorded.lock();
+        left.append(&mut unrecorded);
+        left.truncate(MAX_REMEMBERED);
+        *unrecorded = left;
     }
 
     /// Records a sale's batch and tick as read from its hash (the pump, at each admission step).
@@ -377,6 +515,14 @@ impl Pacer {
         now_ms: u64,
         last_ok_ms: u64,
     ) -> Pace {
+        // A ticket at or below the mark proves a place that was admitted already (its user was
+        // served, or had its turn): it gives no precedence over users still waiting.
+        let seq = seq.filter(|s| {
+            self.marks
+                .lock()
+                .get(&target)
+                .is_none_or(|mark| *s > *mark)
+        });
         let window = now_ms / self.cfg.tick_ms;
         // The store answered in this tick: the pump may have admitted its batch in it.
         let answered = last_ok_ms > 0 && window <= last_ok_ms / self.cfg.tick_ms;
@@ -454,7 +600,7 @@ impl Pacer {
             || budget
                 .admitted
                 .get(&user)
-                .is_some_and(|until| *until > now_ms)
+                .is_some_and(|a| a.until_ms > now_ms)
         {
             if let Some(key) = holder {
                 budget.holders.remove(&key);
@@ -489,12 +635,16 @@ impl Pacer {
         }
         budget.users.insert(user);
         if budget.admitted.len() >= MAX_REMEMBERED {
-            budget.admitted.retain(|_, until| *until > now_ms);
+            budget.admitted.retain(|_, a| a.until_ms > now_ms);
         }
         if budget.admitted.len() < MAX_REMEMBERED {
-            budget
-                .admitted
-                .insert(user, now_ms.saturating_add(self.cfg.paced_for_ms));
+            budget.admitted.insert(
+                user,
+                Admission {
+                    until_ms: now_ms.saturating_add(self.cfg.paced_for_ms),
+                    expires_at_s: 0,
+                },
+            );
         }
         Pace::Admitted
     }

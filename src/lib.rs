@@ -44,6 +44,8 @@
 //! - `claims`   — the single-use claims a replica remembers: in flight (their leases renewed by
 //!   `background`), spent, and those taken while Redis was down (journalled to disk in
 //!   `claims/journal.rs`, written back once spent).
+//! - `issued`   — the entry tokens this replica answered for admissions (sale, user → expiry):
+//!   the same token again when the store lost the issue, written back after a rollback. No I/O.
 //! - `token`    — entry token mint/verify (HMAC-SHA256, SPEC §6). No I/O.
 //! - `flag`     — queue flag and rollout bucket evaluation (SPEC §7). No I/O.
 //! - `pump`     — admission pump background service: lock, advance, sweep (SPEC §5). Depends on
@@ -93,6 +95,7 @@ pub mod flag;
 pub mod gateway;
 pub mod headers;
 pub mod identity;
+pub mod issued;
 pub mod logging;
 pub mod metrics;
 pub mod ops;

@@ -72,6 +72,9 @@ pub struct Pump {
     /// tick (now / tick) this instance last visited it in: a sale is visited once per its own
     /// tick, and the pump wakes at the shortest.
     ticks: parking_lot::Mutex<std::collections::HashMap<QueueTarget, (u64, u64)>>,
+    /// Each sale's losses as its last admission step reported them (`Advance::losses`): a
+    /// count that rose is a loss found since, logged and counted once.
+    losses: parking_lot::Mutex<std::collections::HashMap<QueueTarget, Vec<(String, u64)>>>,
 }
 
 /// One roster reading: the part of the batch an advance may admit, and when the registration
@@ -109,6 +112,7 @@ impl Pump {
             empty: Default::default(),
             roster_credit_ms: Default::default(),
             ticks: Default::default(),
+            losses: Default::default(),
         }
     }
 
@@ -280,6 +284,19 @@ impl Pump {
         if presence.is_some() {
             self.store.presence_seen(replicas.presence_seen);
         }
+        if self
+            .pacer
+            .saw_roster_clock(replicas.clock, replicas.rollbacks, self.clock.now().epoch_ms)
+        {
+            self.metrics
+                .data_loss
+                .with_label_values(&["rollback"])
+                .inc();
+            tracing::error!(
+                rollbacks = replicas.rollbacks,
+                "Redis went back in time (a failover to a replica that missed writes, or a restart from an old snapshot): writing back the spent claims and issued tokens this replica remembers"
+            );
+        }
         if replicas.retired {
             tracing::error!(
                 instance = %self.instance,
@@ -339,6 +356,8 @@ impl Pump {
             live_window: Duration::from_millis(c.live_window_ms()),
             recent_window: Duration::from_millis(c.paced_for_ms),
             leave,
+            clock_seen: self.pacer.roster_clock().0,
+            rollbacks_known: self.pacer.roster_clock().1,
         }
     }
 
@@ -527,6 +546,53 @@ impl Pump {
         ticks.insert(target, (tick, visited));
         drop(ticks);
         self.pacer.set_sale(target, adv.batch_size, adv.tick_ms);
+        self.pacer.set_mark(target, adv.admitted_count);
+        self.report_losses(target, adv);
+    }
+
+    /// Logs and counts the losses of the sale's state the scripts found since the last step
+    /// (docs/state.md): each kind's count in `queue:{T}:losses` that rose. A count that fell
+    /// (the hash expired or was lost itself) starts over from it.
+    fn report_losses(&self, target: QueueTarget, adv: &crate::store::Advance) {
+        if adv.losses.is_empty() {
+            return;
+        }
+        let before = self
+            .losses
+            .lock()
+            .insert(target, adv.losses.clone())
+            .unwrap_or_default();
+        for (kind, count) in &adv.losses {
+            let was = before
+                .iter()
+                .find(|(k, _)| k == kind)
+                .map_or(0, |(_, c)| *c);
+            let new = if *count >= was { count - was } else { *count };
+            if new == 0 {
+                continue;
+            }
+            let label = match kind.as_str() {
+                "seq" => "queue_seq",
+                "mark" => "queue_mark",
+                "waiting" => "queue_waiting",
+                "alive" => "queue_heartbeats",
+                "sale" => "sale_stand_in",
+                _ => "queue_other",
+            };
+            self.metrics
+                .data_loss
+                .with_label_values(&[label])
+                .inc_by(new);
+            let what = match kind.as_str() {
+                "seq" => "the sequence counter was missing or behind (deleted, or Redis came back from a failover behind): set forward to the highest seq handed out",
+                "mark" => "the admission mark was missing or behind: set back to the highest this replica saw",
+                "waiting" => "waiting users were missing: put back at the places their queue tickets prove",
+                "alive" => "the heartbeat windows were missing: restarted (nobody is evicted for a heartbeat timeout)",
+                "sale" => "the sale's parameters were missing next to its queue: it is paused until a replica writes them back or an operator sets them",
+                _ => "state was missing",
+            };
+            tracing::error!(%target, kind = %kind, found = new, total = count, "Redis lost part of a sale's state: {what}");
+        }
     }
 
     /// Releases the locks this instance holds, so another instance takes over at its next tick.

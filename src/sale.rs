@@ -82,6 +82,10 @@ pub struct Sale {
     pub draw_seq: u64,
     /// How many users the draw placed.
     pub draw_entrants: u64,
+    /// Not 0: this is a paused stand-in the scripts made when they found the sale lost with
+    /// Redis' data next to its queue (epoch ms of the finding, docs/state.md). A replica's
+    /// write-back of the sale it read replaces it; an operator's change makes it a sale.
+    pub lost_at_ms: u64,
 }
 
 /// What a sale is created with when its creator does not say: the replica's `[queue]`.
@@ -125,6 +129,7 @@ impl SaleDefaults {
             drawn_at_ms: 0,
             draw_seq: 0,
             draw_entrants: 0,
+            lost_at_ms: 0,
         }
     }
 }
@@ -350,6 +355,7 @@ impl Sale {
             prequeue_opens_at_ms,
             draw_commitment,
             draw_seed,
+            lost_at_ms: 0,
             ..base
         })
     }
@@ -433,6 +439,7 @@ impl Sale {
             drawn_at_ms: opt("drawnAt")?,
             draw_seq: opt("drawSeq")?,
             draw_entrants: opt("drawEntrants")?,
+            lost_at_ms: opt("lostAtMs")?,
         })
     }
 
@@ -451,7 +458,26 @@ impl Sale {
             "drawCommitment": (!self.draw_commitment.is_empty()).then(|| self.draw_commitment.clone()),
             "drawnAt": (self.drawn_at_ms > 0).then_some(self.drawn_at_ms),
             "drawEntrants": (self.drawn_at_ms > 0).then_some(self.draw_entrants),
+            "lostAt": (self.lost_at_ms > 0).then_some(self.lost_at_ms),
         })
+    }
+}
+
+/// Why a first opening is refused on a queue that already has users (as `sale_write.lua` says
+/// it): the draw would reshuffle places already shown, admitted users back to waiting.
+pub const QUEUED: &str =
+    "users already queue in arrival order: an opening (and its draw) can only be set before the first enter";
+
+/// Refuses a change that sets a sale's first opening once anyone entered its queue (`queued`).
+pub fn check_first_opening(
+    old: Option<&Sale>,
+    patch: &SalePatch,
+    queued: bool,
+) -> Result<(), FieldError> {
+    let had = old.map_or(0, |o| o.opens_at_ms);
+    match patch.opens_at_ms {
+        Some(at) if at > 0 && had == 0 && queued => Err(bad("opensAt", QUEUED)),
+        _ => Ok(()),
     }
 }
 

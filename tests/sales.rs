@@ -1067,7 +1067,7 @@ fn a_pre_queued_user_silent_past_the_timeout_misses_the_draw() {
         for user in [1, 2, 3] {
             s.enter(t, user, at(1_000)).await.unwrap();
         }
-        let never = || -> TokenCandidate { unreachable!() };
+        let never = || -> Option<TokenCandidate> { unreachable!() };
         // Users 1 and 2 poll every second; user 3 falls silent.
         for sec in 2..=9u64 {
             for user in [1, 2] {

@@ -75,7 +75,7 @@ async fn advance(s: &dyn QueueStore, t: QueueTarget, batch: u32) -> Advance {
 }
 
 async fn poll(s: &dyn QueueStore, t: QueueTarget, user: u64, token: &str) -> PollOutcome {
-    s.poll(t, user, now(), &|| candidate(token)).await.unwrap()
+    s.poll(t, user, now(), &|| Some(candidate(token))).await.unwrap()
 }
 
 /// One test per contract scenario and store: `memory::<scenario>` and `redis::<scenario>` (a
@@ -410,7 +410,7 @@ async fn simultaneous_calls_answer_as_one_after_another(s: &dyn QueueStore) {
     assert_eq!(placed, vec![(3, 2), (4, 3)]);
     let polled_users = [1, 99, 2, 8, 1];
     let polled =
-        futures_join_all(polled_users.map(|u| s.poll(t, u, now(), &|| candidate("never")))).await;
+        futures_join_all(polled_users.map(|u| s.poll(t, u, now(), &|| Some(candidate("never"))))).await;
     for (user, got) in polled_users.iter().zip(polled) {
         let want = match by_user.get(user) {
             Some(EnterOutcome::Waiting { seq, ahead }) => PollOutcome::Waiting {
@@ -570,7 +570,7 @@ async fn admission_mints_one_token(s: &dyn QueueStore) {
     advance(s, t, 1).await;
     let results = futures_join_all((0..20).map(|i| {
         let c = candidate(&format!("race-{i}"));
-        async move { s.poll(t, 2, now(), &|| c.clone()).await.unwrap() }
+        async move { s.poll(t, 2, now(), &|| Some(c.clone())).await.unwrap() }
     }))
     .await;
     let tokens: std::collections::BTreeSet<String> = results
@@ -952,7 +952,7 @@ async fn simultaneous_enters_and_polls_of_a_target_are_one_script_call() {
     }
     let before = evalsha_calls(&redis);
     let polled =
-        futures_join_all((1..=40).map(|u| s.poll(t, u, now(), &|| candidate("never")))).await;
+        futures_join_all((1..=40).map(|u| s.poll(t, u, now(), &|| Some(candidate("never"))))).await;
     assert_eq!(evalsha_calls(&redis) - before, 2);
     for (u, r) in (1..=40).zip(polled) {
         assert_eq!(
@@ -996,7 +996,7 @@ async fn simultaneous_enters_and_polls_of_a_target_are_one_script_call() {
     let other = target(2);
     enter(s, other, 1).await;
     let both = futures_join_all(
-        [(t, 1), (other, 1)].map(|(t, u)| s.poll(t, u, now(), &|| candidate("x"))),
+        [(t, 1), (other, 1)].map(|(t, u)| s.poll(t, u, now(), &|| Some(candidate("x")))),
     )
     .await;
     assert_eq!(
@@ -1144,7 +1144,7 @@ async fn redis_keys_follow_the_contract() {
     }
     // (The first poll on an instance also re-registers the target in `queue:active`, at most
     // once per 10 s per instance and target; the poll measured here is the steady one.)
-    s.poll(t, 1002, now(), &|| candidate("never"))
+    s.poll(t, 1002, now(), &|| Some(candidate("never")))
         .await
         .unwrap();
     redis.cmd(&["CONFIG", "RESETSTAT"]);
@@ -1152,7 +1152,7 @@ async fn redis_keys_follow_the_contract() {
     let waiting = s
         .poll(t, 1002, now(), &|| {
             signed.store(true, std::sync::atomic::Ordering::Relaxed);
-            candidate("never")
+            Some(candidate("never"))
         })
         .await
         .unwrap();
@@ -1185,7 +1185,7 @@ async fn redis_keys_follow_the_contract() {
 
     // The admitted user's poll signs and stores the token and refreshes the target's keys.
     let c = candidate("tok");
-    s.poll(t, 1001, now(), &|| c.clone()).await.unwrap();
+    s.poll(t, 1001, now(), &|| Some(c.clone())).await.unwrap();
     for key in ["waiting", "queued", "seq", "admitted_count", "seqtime"] {
         let ttl = redis.cmd(&["TTL", &format!("{p}{key}")]).as_int();
         assert!(
@@ -1356,6 +1356,8 @@ fn registering(instance: &str, asked: Slice, leave: bool) -> RosterEntry<'_> {
         recent_window: Duration::from_secs(3),
         leave,
         credit_ms: 0,
+        clock_seen: 0,
+        rollbacks_known: 0,
     }
 }
 

@@ -103,7 +103,57 @@ pub async fn handle(state: &AppState, call: ApiCall, headers: &HeaderMap) -> Rep
 }
 
 fn candidate(state: &AppState, target: QueueTarget, user: u64, now: Now) -> TokenCandidate {
-    let expires_at = now.epoch_ms / 1000 + state.config.token.ttl.as_secs();
+    token_expiring(
+        state,
+        target,
+        user,
+        now.epoch_ms / 1000 + state.config.token.ttl.as_secs(),
+    )
+}
+
+/// The token of an admission the store just found due: the one this replica handed the same
+/// user (while pacing, or before Redis lost the issue), if it still lives, else a new one —
+/// unless issuing is held back: right after an outage or a rollback the replicas are writing
+/// back the tokens they handed out, and a new token now could be a user's second (the poll then
+/// answers `Due`, and the user polls again in a second).
+fn admission_token(
+    state: &AppState,
+    target: QueueTarget,
+    user: u64,
+    now: Now,
+) -> Option<TokenCandidate> {
+    let remembered = state
+        .pacer
+        .remembered_expiry(target, user, now.epoch_ms)
+        .or_else(|| state.issued.get(target, user, now.epoch_ms / 1000));
+    match remembered {
+        Some(at) => Some(token_expiring(state, target, user, at)),
+        None if issuing_held(state, now) => None,
+        None => Some(candidate(state, target, user, now)),
+    }
+}
+
+/// Whether new tokens are held back now (`admission_token`): within a tick and a second of the
+/// end of this replica's last outage, or after a rollback it learned of.
+fn issuing_held(state: &AppState, now: Now) -> bool {
+    let grace = state.pacer.config().tick_ms.saturating_add(1000);
+    state.pacer.issue_held(now.epoch_ms) || state.store.outage_within(now.epoch_ms, grace)
+}
+
+/// Remembers a token this replica signed for an admission (`issued.rs`).
+fn signed_here(state: &AppState, target: QueueTarget, user: u64, expires_at: u64) {
+    state
+        .issued
+        .record(target, user, expires_at, crate::clock::now().epoch_ms / 1000);
+}
+
+/// The entry token of `user` for `target` expiring at `expires_at` (epoch s).
+fn token_expiring(
+    state: &AppState,
+    target: QueueTarget,
+    user: u64,
+    expires_at: u64,
+) -> TokenCandidate {
     let claims = TokenClaims {
         target_type: target.kind,
         target_id: target.id,
@@ -158,10 +208,6 @@ fn waiting_status(sale: SaleView, seq: u64, ahead: u64, now: Now) -> EntryStatus
         eta_seconds: Some(eta),
         poll_after_seconds: poll_after_seconds(eta, tick, timeout),
     }
-}
-
-fn waiting(sale: SaleView, seq: u64, ahead: u64, now: Now) -> Reply {
-    entry(waiting_status(sale, seq, ahead, now))
 }
 
 /// Reads the sale and its queue's measured live admission rate again (one request per sale and
@@ -248,8 +294,10 @@ async fn draw(state: &AppState, target: QueueTarget) -> Result<Reply, ApiError> 
     Ok(Reply::json(200, &body))
 }
 
-/// An enter's `WAITING` answer, with the queue ticket that proves the user's place while the
-/// store is down (minted on enters only: the seq never changes, so the client keeps it).
+/// A `WAITING` answer (of an enter or a poll), with the queue ticket that proves the user's
+/// place while the store is down or after it lost the place (docs/state.md). The ticket expires
+/// with the place it proves: a heartbeat timeout of the sale after this answer (a user silent
+/// that long is evicted), renewed by every waiting answer.
 fn waiting_with_ticket(
     state: &AppState,
     sale: SaleView,
@@ -271,24 +319,24 @@ fn waiting_with_ticket(
             target_id: target.id,
             user_id: user,
             seq,
-            // As long as the queue's keys live: a seq means nothing after them.
-            expires_at: now.epoch_ms / 1000 + crate::store::TARGET_KEY_TTL_SECS,
+            expires_at: now.epoch_ms / 1000 + sale.heartbeat_timeout_s.max(1),
         },
     );
     let response = QueueEntryResponse::from(status).with_ticket(ticket);
     Reply::json(200, &response)
 }
 
-/// The seq of the request's queue ticket, when it shows a valid one for this user and sale.
+/// The seq of the request's queue ticket, when it shows one for this user and sale that was
+/// valid at `at_s` (epoch s).
 fn ticket_seq(
     state: &AppState,
     target: QueueTarget,
     user: u64,
     headers: &HeaderMap,
-    now: Now,
+    at_s: u64,
 ) -> Option<u64> {
     let value = crate::headers::single(headers, TICKET_HEADER).ok()??;
-    let t = verify_ticket(&state.keys, value, now.epoch_ms / 1000).ok()?;
+    let t = verify_ticket(&state.keys, value, at_s).ok()?;
     (t.target_type == target.kind && t.target_id == target.id && t.user_id == user).then_some(t.seq)
 }
 
@@ -314,15 +362,22 @@ fn degraded(
     // Read now, not when the request began: the store call that failed may have taken up to its
     // timeout, and the pacer's window and tick are about the moment of this decision.
     let now = now();
+    let last_ok_ms = state.store.last_ok_ms();
+    // A ticket proves a place that stood when the store last answered: the outage's silence is
+    // not held against it (the sweep credits it too).
+    let ticket_at_s = match last_ok_ms {
+        0 => now.epoch_ms,
+        ok => ok.min(now.epoch_ms),
+    } / 1000;
     let decision = failopen::decide(
         &state.pacer,
         state.config.fail_open.mode,
         matches!(cause, StoreError::Saturated),
         target,
         user,
-        || ticket_seq(state, target, user, headers, now),
+        || ticket_seq(state, target, user, headers, ticket_at_s),
         now.epoch_ms,
-        state.store.last_ok_ms(),
+        last_ok_ms,
     );
     state
         .metrics
@@ -331,8 +386,18 @@ fn degraded(
         .inc();
     Ok(match decision.answer {
         Answer::Admit => {
-            let minted = candidate(state, target, user, now);
-            state.count_token(target, "issued");
+            // One admission, one token: a user let through again while pacing gets the token
+            // of the first answer (its single use is tracked by the token), never a new one.
+            let fresh = candidate(state, target, user, now);
+            let minted = match state.pacer.token_expiry(target, user, fresh.expires_at, now.epoch_ms)
+            {
+                Some(at) if at != fresh.expires_at => token_expiring(state, target, user, at),
+                _ => {
+                    state.count_token(target, "issued");
+                    fresh
+                }
+            };
+            signed_here(state, target, user, minted.expires_at);
             let status = EntryStatus::DirectAdmitted {
                 token: minted.token,
                 expires_at: minted.expires_at,
@@ -391,7 +456,7 @@ async fn enter(
         // through for it; users already waiting keep their places: their enter is answered like
         // a poll (which runs under maxmemory), so it stays idempotent.
         Err(StoreError::OutOfMemory) => {
-            let mint = || candidate(state, target, user, now);
+            let mint = || admission_token(state, target, user, now);
             match state.store.poll(target, user, now, &mint).await {
                 Ok(PollOutcome::Waiting { seq, ahead }) => {
                     let sale = sale_view(state, target, now).await;
@@ -425,17 +490,25 @@ async fn poll(
     // Signed only when the store finds the user admitted without a token (once per user).
     let minted = std::sync::OnceLock::new();
     let mint = || {
-        let fresh = candidate(state, target, user, now);
+        let fresh = admission_token(state, target, user, now)?;
         let _ = minted.set(fresh.token.clone());
-        fresh
+        Some(fresh)
     };
-    match state.store.poll(target, user, now, &mint).await {
-        Ok(PollOutcome::Waiting { seq, ahead }) => Ok(waiting(
-            sale_view(state, target, now).await,
-            seq,
-            ahead,
-            now,
-        )),
+    let mut outcome = state.store.poll(target, user, now, &mint).await;
+    if let Ok(PollOutcome::NotInQueue) = outcome {
+        // Neither waiting nor admitted: a place the store lost is taken back on the user's
+        // signed ticket (rejoin.lua checks that nothing else took it away).
+        if let Some(seq) = ticket_seq(state, target, user, headers, now.epoch_ms / 1000) {
+            outcome = state.store.rejoin(target, user, seq, now, &mint).await;
+        }
+    }
+    match outcome {
+        Ok(PollOutcome::Waiting { seq, ahead }) => {
+            let sale = sale_view(state, target, now).await;
+            Ok(waiting_with_ticket(
+                state, sale, target, user, seq, ahead, now,
+            ))
+        }
         Ok(PollOutcome::Admitted {
             token,
             expires_at,
@@ -445,6 +518,7 @@ async fn poll(
             // first; then the stored one is answered and this one is dropped).
             if minted.get() == Some(&token) {
                 state.count_token(target, "issued");
+                signed_here(state, target, user, expires_at);
             }
             if let Some(ms) = waited_ms {
                 let label = state.metrics.targets.label(target);
@@ -457,6 +531,10 @@ async fn poll(
             Ok(entry(EntryStatus::Admitted { token, expires_at }))
         }
         Ok(PollOutcome::NotInQueue) => Err(ApiError::NotInQueue),
+        Ok(PollOutcome::Due) => Ok(entry(EntryStatus::WaitingDegraded {
+            poll_after_seconds: 1,
+        })
+        .retry_after(1)),
         Err(e) => degraded(state, target, user, headers, &e),
     }
 }

@@ -245,6 +245,13 @@ pub async fn check(
         {
             Err(unconfirmed("claim_unconfirmed"))
         }
+        // Redis is down and this replica did not hand the token out: another replica may have
+        // seen it spent (or will), and a local claim here would let it through once more. The
+        // purchase waits; a retry reaches the replica that issued it, or the store once it is
+        // back (docs/failures.md: one use per token during an outage).
+        Err(_) if !vouches(state, target, user, claims.expires_at, now.epoch_ms) => {
+            Err(unconfirmed("claim_unvouched"))
+        }
         // Redis is down: HMAC and expiry still hold; the claim is kept on this replica (on disk
         // with `fail_open.claims_file`) and written to the store when it answers again.
         Err(_) => match state
@@ -275,6 +282,14 @@ pub async fn check(
             LocalClaim::Refused => Err(unconfirmed("claims_full")),
         },
     }
+}
+
+/// Whether this replica handed out `user`'s token for `target` expiring at `expires_at`
+/// (`issued.rs`, or the pacer's admissions while degraded): the only tokens it claims locally
+/// while the store is down.
+fn vouches(state: &AppState, target: QueueTarget, user: u64, expires_at: u64, now_ms: u64) -> bool {
+    state.issued.get(target, user, now_ms / 1000) == Some(expires_at)
+        || state.pacer.remembered_expiry(target, user, now_ms) == Some(expires_at)
 }
 
 /// The claim in the store, asked again while a call fails but the store was heard lately (a

@@ -30,7 +30,7 @@ use tokio::sync::Semaphore;
 use super::breaker::{Admit, Breaker, BreakerConfig, Verdict};
 use super::{
     Advance, ClaimTake, ClaimTerms, EnterOutcome, Mint, Now, Part, PollOutcome, PresenceKind,
-    QueueStore, Roster, RosterEntry, Settle, StoreError,
+    QueueStore, Roster, RosterEntry, Settle, StoreError, TokenCandidate,
 };
 use crate::metrics::Metrics;
 use crate::queue::{QueueStats, QueueTarget};
@@ -148,6 +148,17 @@ impl StoreGuard {
     #[cfg(test)]
     pub(crate) fn fail_request_for_test(&self) {
         self.failed(Class::Request, "test", &StoreError::Timeout);
+    }
+
+    /// Whether the store's request path failed within `window_ms` before `now_ms` (an outage in
+    /// progress, or one that ended that recently).
+    pub fn outage_within(&self, now_ms: u64, window_ms: u64) -> bool {
+        if self.degraded() || self.down_since.lock().is_some() {
+            return true;
+        }
+        self.last_outage
+            .lock()
+            .is_some_and(|(_, end)| now_ms.saturating_sub(end) < window_ms)
     }
 
     /// When the store last answered any call of this replica (epoch ms; 0: never).
@@ -394,6 +405,29 @@ impl QueueStore for StoreGuard {
     ) -> Result<PollOutcome, StoreError> {
         let fut = self.inner.poll(target, user, now, mint);
         self.run(Class::Request, "poll", fut).await
+    }
+
+    async fn rejoin(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        seq: u64,
+        now: Now,
+        mint: Mint<'_>,
+    ) -> Result<PollOutcome, StoreError> {
+        let fut = self.inner.rejoin(target, user, seq, now, mint);
+        self.run(Class::Request, "rejoin", fut).await
+    }
+
+    async fn record_paced(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        token: &TokenCandidate,
+        now: Now,
+    ) -> Result<bool, StoreError> {
+        let fut = self.inner.record_paced(target, user, token, now);
+        self.run(Class::Background, "record_paced", fut).await
     }
 
     async fn leave(&self, target: QueueTarget, user: u64) -> Result<(), StoreError> {

@@ -74,8 +74,8 @@ impl StoreError {
 }
 
 /// Signs a token for the user being admitted, when the store finds that one is needed (once per
-/// user: a waiting poll signs nothing).
-pub type Mint<'a> = &'a (dyn Fn() -> TokenCandidate + Send + Sync);
+/// user: a waiting poll signs nothing); `None` holds the issue back (the poll answers `Due`).
+pub type Mint<'a> = &'a (dyn Fn() -> Option<TokenCandidate> + Send + Sync);
 
 /// A token the caller has signed and offers to the store; stored only if none is stored yet.
 #[derive(Debug, Clone)]
@@ -115,6 +115,9 @@ pub enum PollOutcome {
     },
     /// Never entered, left, evicted, or the token expired.
     NotInQueue,
+    /// Admitted, and no token issued yet: the caller's `Mint` held it back (right after an
+    /// outage or a rollback, while the replicas write back what they handed out, docs/state.md).
+    Due,
 }
 
 /// One call to the replica roster.
@@ -132,6 +135,9 @@ pub struct RosterEntry<'a> {
     pub batch: u32,
     /// `fail_open.min_replicas`: the slices are never wider than a batch over this many.
     pub min_replicas: u32,
+    /// The highest roster clock this instance was answered, and the rollbacks it knows.
+    pub clock_seen: u64,
+    pub rollbacks_known: u64,
     /// This instance's presence subscription, if it keeps one the roster may trust
     /// (`presence.rs`).
     pub presence: Option<PresenceKind>,
@@ -222,6 +228,12 @@ pub struct Roster {
     pub dead: u32,
     /// Members this registration dropped as retired (a newer instance with their name).
     pub retired_others: u32,
+    /// The roster's clock after this registration (`instances.lua`; 0: not kept, as on the
+    /// memory store or in a leave).
+    pub clock: u64,
+    /// How many times a registration found Redis behind what an instance was answered before
+    /// (a rollback or a loss of the clock), docs/state.md.
+    pub rollbacks: u64,
 }
 
 /// How an instance's presence subscription is kept: a classic channel, or a sharded one (in a
@@ -242,7 +254,7 @@ impl PresenceKind {
 }
 
 /// What one `advance` call did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Advance {
     pub outcome: AdvanceOutcome,
     /// The admission mark after the call.
@@ -256,6 +268,11 @@ pub struct Advance {
     /// The sale's batch size and tick as the step read them (the pump schedules by the tick).
     pub batch_size: u32,
     pub tick_ms: u64,
+    /// The sequence counter after the call.
+    pub seq: u64,
+    /// The losses of this target's state the scripts found and repaired so far
+    /// (`queue:{T}:losses`: kind, count), docs/state.md. Always empty on the memory store.
+    pub losses: Vec<(String, u64)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -483,6 +500,32 @@ pub trait QueueStore: Send + Sync + 'static {
         now: Now,
         mint: Mint<'_>,
     ) -> Result<PollOutcome, StoreError>;
+
+    /// Puts `user` back at the place `seq` of its signed queue ticket when the store lost it
+    /// (`rejoin.lua`, docs/state.md): only a place nothing else took (not left, evicted,
+    /// issued, nor held by another user). Answers as a poll would; `NotInQueue` when the place
+    /// does not stand. The memory store never loses a place: a user not waiting there left,
+    /// was evicted or was admitted.
+    async fn rejoin(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        seq: u64,
+        now: Now,
+        mint: Mint<'_>,
+    ) -> Result<PollOutcome, StoreError>;
+
+    /// Records an admission made while the store could not be used (paced fail-open): the
+    /// user's token (`expires_at`) becomes the stored one unless one is stored already, and the
+    /// user leaves the waiting room, so the pump never admits the same user again
+    /// (`paced.lua`). Returns whether it was written.
+    async fn record_paced(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        token: &TokenCandidate,
+        now: Now,
+    ) -> Result<bool, StoreError>;
 
     /// Leaves the queue and drops an unused token. Idempotent.
     async fn leave(&self, target: QueueTarget, user: u64) -> Result<(), StoreError>;

@@ -211,7 +211,8 @@ pub fn stats(v: Value) -> Result<QueueStats, StoreError> {
     })
 }
 
-/// `advance.lua`: `{outcome, mark, admitted, waiting[, ms until allowed]}`.
+/// `advance.lua`: `{outcome, mark, admitted, waiting, ms until allowed, batch, tick, seq,
+/// "kind=count,..." losses}`.
 pub fn advance(v: Value) -> Result<Advance, StoreError> {
     let items = reply_array(v, "advance")?;
     let outcome = match tag(&items).as_str() {
@@ -235,7 +236,50 @@ pub fn advance(v: Value) -> Result<Advance, StoreError> {
         batch_size: u32::try_from(num(5, "batch size")?)
             .map_err(|_| StoreError::Protocol("batch size out of range".into()))?,
         tick_ms: num(6, "tick")?,
+        seq: num(7, "seq")?,
+        losses: losses(items.get(8).and_then(|v| v.as_string()).as_deref())?,
     })
+}
+
+/// The losses field of `advance.lua`'s reply: "kind=count,..." ("" for none).
+fn losses(field: Option<&str>) -> Result<Vec<(String, u64)>, StoreError> {
+    let Some(field) = field.filter(|f| !f.is_empty()) else {
+        return Ok(Vec::new());
+    };
+    field
+        .split(',')
+        .map(|pair| {
+            let (kind, count) = pair
+                .split_once('=')
+                .ok_or_else(|| StoreError::Protocol(format!("bad losses {pair:?}")))?;
+            let count = count
+                .parse()
+                .map_err(|_| StoreError::Protocol(format!("bad losses {pair:?}")))?;
+            Ok((kind.to_string(), count))
+        })
+        .collect()
+}
+
+/// `rejoin.lua`: `{"ADMITTED", "expiresAt|token"} | {"WAITING", seq, rank} | {"DUE"} | {"NONE"}`.
+pub fn rejoin(v: Value) -> Result<PollReply, StoreError> {
+    let items = reply_array(v, "rejoin")?;
+    match tag(&items).as_str() {
+        "ADMITTED" => {
+            let (token, expires_at) = stored_token(items.get(1))?;
+            Ok(PollReply::Outcome(PollOutcome::Admitted {
+                token,
+                expires_at,
+                waited_ms: None,
+            }))
+        }
+        "WAITING" => {
+            let (seq, ahead) = waiting_reply(&items)?;
+            Ok(PollReply::Outcome(PollOutcome::Waiting { seq, ahead }))
+        }
+        "DUE" => Ok(PollReply::Due),
+        "NONE" => Ok(PollReply::Outcome(PollOutcome::NotInQueue)),
+        _ => Err(StoreError::Protocol("unknown rejoin reply".into())),
+    }
 }
 
 /// `instances.lua`: `{live, recent, legacy held back, "s:e,..." held back, recorded "s:e",
@@ -275,6 +319,8 @@ pub fn instances(v: Value) -> Result<super::Roster, StoreError> {
         presence_seen: count(8)? == 1,
         dead: count(9)?,
         retired_others: count(10)?,
+        clock: items.get(11).map_or(Ok(0), |v| as_u64(v, "clock"))?,
+        rollbacks: items.get(12).map_or(Ok(0), |v| as_u64(v, "rollbacks"))?,
     })
 }
 
@@ -614,10 +660,35 @@ mod tests {
             Value::Integer(120),
             Value::Integer(50),
             Value::Integer(2000),
+            Value::Integer(11),
+            "seq=2,sale=1".into(),
         ]))
         .unwrap();
         assert_eq!((a.outcome, a.retry_in_ms), (AdvanceOutcome::Guarded, 120));
-        assert_eq!((a.batch_size, a.tick_ms), (50, 2000));
+        assert_eq!((a.batch_size, a.tick_ms, a.seq), (50, 2000, 11));
+        assert_eq!(
+            a.losses,
+            vec![("seq".to_string(), 2), ("sale".to_string(), 1)]
+        );
+        assert!(matches!(
+            advance(arr(&[
+                "IDLE".into(),
+                Value::Integer(4),
+                Value::Integer(0),
+                Value::Integer(9),
+                Value::Integer(0),
+                Value::Integer(50),
+                Value::Integer(2000),
+                Value::Integer(11),
+                "seq".into(),
+            ])),
+            Err(StoreError::Protocol(_))
+        ));
+        assert_eq!(
+            rejoin(arr(&["WAITING".into(), "7".into(), Value::Integer(3)])).unwrap(),
+            PollReply::Outcome(PollOutcome::Waiting { seq: 7, ahead: 3 })
+        );
+        assert_eq!(rejoin(arr(&["DUE".into()])).unwrap(), PollReply::Due);
         for bad in [
             arr(&["WAT".into()]),
             arr(&["WAITING".into()]),

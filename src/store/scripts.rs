@@ -43,6 +43,8 @@ pub struct Scripts {
     pub sale_write: Script,
     pub draw: Script,
     pub ticks: Script,
+    pub rejoin: Script,
+    pub paced: Script,
 }
 
 impl Scripts {
@@ -71,10 +73,12 @@ impl Scripts {
             sale_write: Script::new("sale_write", include_str!("../../lua/sale_write.lua")),
             draw: Script::new("draw", include_str!("../../lua/draw.lua")),
             ticks: Script::new("ticks", include_str!("../../lua/ticks.lua")),
+            rejoin: Script::new("rejoin", include_str!("../../lua/rejoin.lua")),
+            paced: Script::new("paced", include_str!("../../lua/paced.lua")),
         }
     }
 
-    pub fn all(&self) -> [&Script; 17] {
+    pub fn all(&self) -> [&Script; 19] {
         [
             &self.enter,
             &self.poll,
@@ -93,6 +97,8 @@ impl Scripts {
             &self.sale_write,
             &self.draw,
             &self.ticks,
+            &self.rejoin,
+            &self.paced,
         ]
     }
 }
@@ -110,6 +116,10 @@ pub const INSTANCES_CREDIT_KEY: &str = "{queue:instances}:credit";
 
 /// Each instance's presence (`run_id|replica name`), in the roster's slot (`instances.lua`).
 pub const INSTANCES_PRESENCE_KEY: &str = "{queue:instances}:presence";
+
+/// The roster's clock (`instances.lua`): registrations counted, and the rollbacks of Redis
+/// they found, in the roster's slot.
+pub const INSTANCES_CLOCK_KEY: &str = "{queue:instances}:clock";
 
 /// Roster retired by a newer one with their replica name, in the roster's slot.
 pub const INSTANCES_RETIRED_KEY: &str = "{queue:instances}:retired";
@@ -143,6 +153,9 @@ pub enum Key<'a> {
     Summary,
     /// The console's history of pump visits (`ticks.lua`).
     Ticks,
+    /// Losses of the target's state found and repaired by the scripts (HASH kind -> count;
+    /// named by the scripts themselves from the waiting key's prefix).
+    Losses,
     Token(u64),
     Used(&'a str),
 }
@@ -177,6 +190,7 @@ impl TargetKeys {
             Key::Lock => format!("{p}lock"),
             Key::Summary => format!("{p}summary"),
             Key::Ticks => format!("{p}ticks"),
+            Key::Losses => format!("{p}losses"),
             Key::Token(user) => format!("{p}token:{user}"),
             Key::Used(token_id) => format!("{p}used:{token_id}"),
         }
@@ -236,17 +250,39 @@ impl TargetKeys {
         ]
     }
 
-    /// KEYS of advance.lua: the shared seven, the tick guard, the sale.
+    /// KEYS of advance.lua: the shared seven, the tick guard, the sale, the losses found.
     pub fn advance_keys(&self) -> Vec<String> {
         let mut keys = self.shared_keys();
         keys.push(self.of(Key::LastAdvance));
         keys.push(self.of(Key::Sale));
+        keys.push(self.of(Key::Losses));
         keys
     }
 
     /// KEYS of draw.lua: waiting, seq, the sale, the draw's order.
     pub fn draw_keys(&self) -> Vec<String> {
         [Key::Waiting, Key::Seq, Key::Sale, Key::Draw]
+            .map(|k| self.of(k))
+            .to_vec()
+    }
+
+    /// KEYS of rejoin.lua: waiting, queued, seq, admitted_count, the user's token key, the sale.
+    pub fn rejoin_keys(&self, user: u64) -> Vec<String> {
+        [
+            Key::Waiting,
+            Key::Queued,
+            Key::Seq,
+            Key::AdmittedCount,
+            Key::Token(user),
+            Key::Sale,
+        ]
+        .map(|k| self.of(k))
+        .to_vec()
+    }
+
+    /// KEYS of paced.lua: waiting, queued, the user's token key.
+    pub fn paced_keys(&self, user: u64) -> Vec<String> {
+        [Key::Waiting, Key::Queued, Key::Token(user)]
             .map(|k| self.of(k))
             .to_vec()
     }
@@ -263,6 +299,7 @@ impl TargetKeys {
                 Key::Sweep,
                 Key::Draw,
                 Key::Ticks,
+                Key::Losses,
             ]
             .map(|k| self.of(k)),
         );

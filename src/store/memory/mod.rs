@@ -15,7 +15,7 @@ use super::liveness::Liveness;
 use super::{
     Advance, AdvanceOutcome, ClaimTake, ClaimTerms, EnterOutcome, Mint, Now, Part, PollOutcome,
     QueueStore, Roster, RosterEntry, RosterMember, Settle, StoreError, TickFigures,
-    ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, TICKS_KEPT_MS,
+    ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, TICKS_KEPT_MS, TokenCandidate,
     WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
@@ -407,8 +407,10 @@ impl QueueStore for MemoryStore {
                 return PollOutcome::NotInQueue;
             };
             if seq <= t.admitted_count {
+                let Some(candidate) = mint() else {
+                    return PollOutcome::Due;
+                };
                 t.last_write_ms = now.epoch_ms;
-                let candidate = mint();
                 let waited_ms = t.remove_waiter(user).map(|w| {
                     let waited = now.epoch_ms.saturating_sub(w.entered_ms);
                     t.waits_ms.push_front(waited);
@@ -428,6 +430,38 @@ impl QueueStore for MemoryStore {
                 seq,
                 ahead: t.rank(seq),
             }
+        })
+    }
+
+    async fn rejoin(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        _seq: u64,
+        now: Now,
+        mint: Mint<'_>,
+    ) -> Result<PollOutcome, StoreError> {
+        // Nothing is ever lost here: a user not waiting left, was evicted or was admitted
+        // (rejoin.lua answers the same where nothing was lost).
+        self.poll(target, user, now, mint).await
+    }
+
+    async fn record_paced(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        token: &TokenCandidate,
+        now: Now,
+    ) -> Result<bool, StoreError> {
+        self.with_target(target, now, |t| {
+            if t.token(user, now).is_some() {
+                return false;
+            }
+            t.remove_waiter(user);
+            t.tokens
+                .insert(user, (token.expires_at, token.token.clone()));
+            t.last_write_ms = now.epoch_ms;
+            true
         })
     }
 
@@ -528,6 +562,7 @@ impl QueueStore for MemoryStore {
             let min_ms = tick_ms * 95 / 100;
             t.guard_ms = min_ms;
             let waiting = t.waiting.len() as u64;
+            let seq = t.seq;
             let result = |outcome, admitted_count, admitted_now| Advance {
                 outcome,
                 admitted_count,
@@ -536,6 +571,8 @@ impl QueueStore for MemoryStore {
                 retry_in_ms: 0,
                 batch_size,
                 tick_ms,
+                seq,
+                losses: Vec::new(),
             };
             if paused {
                 return result(AdvanceOutcome::Paused, t.admitted_count, 0);
@@ -753,6 +790,10 @@ impl QueueStore for MemoryStore {
             .get(&target)
             .cloned()
             .or_else(|| state.as_ref().and_then(|t| t.auto_sale.clone()));
+        let queued = state.as_ref().is_some_and(|t| t.seq > 0);
+        if let Err(e) = crate::sale::check_first_opening(old.as_ref(), patch, queued) {
+            return Ok(Err(e));
+        }
         let seed = crate::draw::new_seed()
             .map_err(|_| StoreError::Unavailable("no randomness for the draw's seed".into()))?;
         let sale = match Sale::merged(old.as_ref(), patch, self.defaults, &seed, now.epoch_ms) {

@@ -29,6 +29,7 @@ mod cluster;
 mod dispatch;
 mod pipe;
 mod presence;
+mod seen;
 mod sentinel;
 mod settings;
 pub mod url;
@@ -43,11 +44,11 @@ use url::{Deployment, RedisUrl};
 use super::replies::{self, as_u64, reply_array, PollReply};
 use super::scripts::{
     Key, Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_CREDIT_KEY, INSTANCES_KEY,
-    INSTANCES_PRESENCE_KEY, INSTANCES_RETIRED_KEY,
+    INSTANCES_CLOCK_KEY, INSTANCES_PRESENCE_KEY, INSTANCES_RETIRED_KEY,
 };
 use super::{
     Advance, ClaimTake, ClaimTerms, EnterOutcome, Mint, Now, Part, PollOutcome, PresenceKind,
-    QueueStore, Roster, RosterEntry, RosterMember, Settle, StoreError, TickFigures,
+    QueueStore, Roster, RosterEntry, RosterMember, Settle, StoreError, TickFigures, TokenCandidate,
     ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, TICKS_KEPT_MS,
     WAIT_SAMPLES,
 };
@@ -85,6 +86,9 @@ pub struct RedisStore {
     /// from.
     presence: presence::Presence,
     presence_config: fred::types::config::Config,
+    /// What this replica has seen of each target's seq, mark and sale version: the floors the
+    /// scripts repair lost or rolled-back state up to (docs/state.md).
+    seen: Arc<seen::Seen>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -170,6 +174,7 @@ impl RedisStore {
             heard,
             presence: presence::Presence::default(),
             presence_config,
+            seen: Arc::new(seen::Seen::new(KEY_TTL_MS)),
         })
     }
 
@@ -292,6 +297,17 @@ impl RedisStore {
             .into()
     }
 
+    /// A registered sale's version as the settings refresher read it: while it stays
+    /// registered, its hash missing is a loss (`seen.rs`).
+    pub fn saw_sale(&self, target: QueueTarget, version: u64) {
+        self.seen.saw_sale(target, version);
+    }
+
+    /// The sale is no longer registered: its absence is no loss any more.
+    pub fn forget_sale(&self, target: QueueTarget) {
+        self.seen.forget_sale(target);
+    }
+
     /// Caps the number of targets with a live queue (`queue:active`).
     pub fn with_max_targets(mut self, max: usize) -> RedisStore {
         self.max_targets = max.max(1);
@@ -384,12 +400,16 @@ impl QueueStore for RedisStore {
         let reply = batch::join(key, user, now.epoch_ms, || {
             let (caller, scripts) = (self.caller.clone(), self.scripts.clone());
             let defaults = self.default_args();
+            let seen = self.seen.clone();
             Box::new(move |users, now_ms| {
                 Box::pin(async move {
                     let keys = TargetKeys::new(target).enter_keys();
+                    let floors = seen.floors(target, now_ms);
                     let mut argv: Vec<Value> =
                         vec![now_ms.to_string().into(), KEY_TTL_MS.to_string().into()];
                     argv.extend(defaults);
+                    argv.push(floors.seq.to_string().into());
+                    argv.push(floors.sale_version.to_string().into());
                     argv.extend(users.iter().map(|u| u.to_string().into()));
                     let flat =
                         reply_array(caller.eval(&scripts.enter, &keys, &argv).await?, "enter")?;
@@ -399,6 +419,9 @@ impl QueueStore for RedisStore {
         })
         .await?;
         let (outcome, opened) = replies::enter(reply)?;
+        if let EnterOutcome::Waiting { seq, .. } = outcome {
+            self.seen.saw(target, seq, 0, true, now.epoch_ms);
+        }
         if opened {
             // This enter opened an empty waiting room, which the pump may have retired from
             // queue:active at any moment before (an empty target is retired after two ticks,
@@ -443,7 +466,9 @@ impl QueueStore for RedisStore {
             PollReply::Outcome(o) => o,
             // Admitted by the pump: sign the token now (once per user) and store it.
             PollReply::Due => {
-                let candidate = mint();
+                let Some(candidate) = mint() else {
+                    return Ok(PollOutcome::Due);
+                };
                 let token_ttl = candidate
                     .expires_at
                     .saturating_sub(now.epoch_ms / 1000)
@@ -471,6 +496,48 @@ impl QueueStore for RedisStore {
             }
         }
         Ok(outcome)
+    }
+
+    async fn rejoin(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        seq: u64,
+        now: Now,
+        mint: Mint<'_>,
+    ) -> Result<PollOutcome, StoreError> {
+        let keys = TargetKeys::new(target).rejoin_keys(user);
+        let argv = vec![
+            user.to_string().into(),
+            seq.to_string().into(),
+            now.epoch_ms.to_string().into(),
+            self.default_window_arg(),
+            KEY_TTL_MS.to_string().into(),
+        ];
+        let reply = self.eval(&self.scripts.rejoin, keys, argv).await?;
+        match replies::rejoin(reply)? {
+            // Put back at an admitted place: issued as any admitted user's poll is.
+            PollReply::Due => self.poll(target, user, now, mint).await,
+            PollReply::Outcome(outcome) => Ok(outcome),
+        }
+    }
+
+    async fn record_paced(
+        &self,
+        target: QueueTarget,
+        user: u64,
+        token: &TokenCandidate,
+        now: Now,
+    ) -> Result<bool, StoreError> {
+        let keys = TargetKeys::new(target).paced_keys(user);
+        let ttl = token.expires_at.saturating_sub(now.epoch_ms / 1000).max(1);
+        let argv = vec![
+            user.to_string().into(),
+            format!("{}|{}", token.expires_at, token.token).into(),
+            ttl.to_string().into(),
+        ];
+        let reply = self.eval(&self.scripts.paced, keys, argv).await?;
+        Ok(as_u64(&reply, "paced")? == 1)
     }
 
     async fn leave(&self, target: QueueTarget, user: u64) -> Result<(), StoreError> {
@@ -589,6 +656,8 @@ impl QueueStore for RedisStore {
     ) -> Result<Advance, StoreError> {
         let keys = TargetKeys::new(target).advance_keys();
         let d = &self.defaults;
+        let now_ms = crate::clock::now().epoch_ms;
+        let floors = self.seen.floors(target, now_ms);
         let argv = vec![
             part.ppm.to_string().into(),
             KEY_TTL_MS.to_string().into(),
@@ -596,8 +665,17 @@ impl QueueStore for RedisStore {
             d.batch_size.to_string().into(),
             d.tick_ms.to_string().into(),
             part.script_arg().into(),
+            floors.mark.to_string().into(),
+            floors.seq.to_string().into(),
+            floors.sale_version.to_string().into(),
+            d.max_capacity.to_string().into(),
+            d.heartbeat_timeout_s.to_string().into(),
         ];
-        replies::advance(self.eval(&self.scripts.advance, keys, argv).await?)
+        let adv = replies::advance(self.eval(&self.scripts.advance, keys, argv).await?)?;
+        let refreshed = adv.outcome == crate::store::AdvanceOutcome::Advanced;
+        self.seen
+            .saw(target, adv.seq, adv.admitted_count, refreshed, now_ms);
+        Ok(adv)
     }
 
     async fn sweep(
@@ -656,7 +734,8 @@ impl QueueStore for RedisStore {
             argv.push(field.into());
             argv.push(value.into());
         }
-        let keys = vec![TargetKeys::new(target).of(Key::Sale)];
+        let k = TargetKeys::new(target);
+        let keys = vec![k.of(Key::Sale), k.of(Key::Seq)];
         let reply = self.eval(&self.scripts.sale_write, keys, argv).await?;
         replies::sale_written(reply)
     }
@@ -670,7 +749,8 @@ impl QueueStore for RedisStore {
             argv.push(field.into());
             argv.push(value.into());
         }
-        let keys = vec![TargetKeys::new(target).of(Key::Sale)];
+        let k = TargetKeys::new(target);
+        let keys = vec![k.of(Key::Sale), k.of(Key::Seq)];
         let reply = self.eval(&self.scripts.sale_write, keys, argv).await?;
         replies::sale(reply)?.ok_or_else(|| StoreError::Protocol("sale_write: no sale".into()))
     }
@@ -691,6 +771,7 @@ impl QueueStore for RedisStore {
             .await
             .map_err(store_err)?;
         self.marked_active.lock().remove(&target);
+        self.seen.forget(target);
         Ok(as_u64(&existed, "exists")? > 0)
     }
 
@@ -821,12 +902,15 @@ impl QueueStore for RedisStore {
             r.name.into(),
             r.min_replicas.to_string().into(),
             r.presence.map_or("", |k| k.as_str()).into(),
+            r.clock_seen.to_string().into(),
+            r.rollbacks_known.to_string().into(),
         ];
         let keys = vec![
             INSTANCES_KEY.to_string(),
             INSTANCES_CREDIT_KEY.to_string(),
             INSTANCES_PRESENCE_KEY.to_string(),
             INSTANCES_RETIRED_KEY.to_string(),
+            INSTANCES_CLOCK_KEY.to_string(),
         ];
         let reply = self.eval(&self.scripts.instances, keys, argv).await?;
         replies::instances(reply)

@@ -1,0 +1,54 @@
+#!lua flags=allow-oom
+-- rejoin.lua: puts a user back at the place its signed queue ticket proves, when poll.lua found
+-- it neither waiting nor holding a token (docs/state.md): the waiting set was lost (deleted,
+-- or Redis came back from a failover behind the enters). Atomic, so the place is checked and
+-- taken in one step.
+--
+-- The place still stands only if nothing took it away: its bit in the queued bitmap is set
+-- (leave, eviction and issue.lua clear it; a lost waiting set leaves it), or the bitmap never
+-- reached that seq (it was handed out after the state Redis came back with). A seq another
+-- user holds is never given twice. A seq above the counter proves the counter went back: it is
+-- set forward. A place at or below the mark was admitted and not yet issued: the user is put
+-- back and answered DUE, and the caller issues its token as for any admitted user.
+--
+-- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:queued, KEYS[3] queue:{T}:seq,
+-- KEYS[4] queue:{T}:admitted_count, KEYS[5] queue:{T}:token:{userId}, KEYS[6] queue:{T}:sale
+-- ARGV[1] userId, ARGV[2] the ticket's seq, ARGV[3] now (ms), ARGV[4] the caller's default
+-- window width (ms, a sale that does not exist), ARGV[5] key TTL (ms)
+-- Reply: {"ADMITTED", "expiresAt|token"} | {"WAITING", seq, rank} | {"DUE"} | {"NONE"}
+-- Each place given back is counted in queue:{T}:losses as `waiting`.
+--
+-- `allow-oom`: only a place the user already held is written back.
+
+local call = redis.call
+local user, seq, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local stored = call('GET', KEYS[5])
+if stored then
+  return {'ADMITTED', stored}
+end
+local held = call('ZSCORE', KEYS[1], user)
+if held then
+  return {'WAITING', held, call('ZRANK', KEYS[1], user)}
+end
+local bytes = call('STRLEN', KEYS[2])
+local stands = seq >= bytes * 8 or call('GETBIT', KEYS[2], seq) == 1
+if seq < 1 or not stands or call('ZCOUNT', KEYS[1], seq, seq) > 0 then
+  return {'NONE'}
+end
+local s = string.format('%d', seq)
+if tonumber(call('GET', KEYS[3]) or '0') < seq then
+  call('SET', KEYS[3], s, 'PX', ARGV[5])
+end
+call('ZADD', KEYS[1], s, user)
+call('SETBIT', KEYS[2], seq, 1)
+call('PEXPIRE', KEYS[1], ARGV[5])
+call('PEXPIRE', KEYS[2], ARGV[5])
+local prefix = string.match(KEYS[1], '^(.*)waiting$')
+call('HINCRBY', prefix .. 'losses', 'waiting', 1)
+call('PEXPIRE', prefix .. 'losses', ARGV[5])
+if seq <= tonumber(call('GET', KEYS[4]) or '0') then
+  return {'DUE'}
+end
+local window_ms = tonumber(call('HGET', KEYS[6], 'windowMs') or ARGV[4])
+call('SETBIT', prefix .. string.format('alive:%d:%d', window_ms, math.floor(now / window_ms)), seq, 1)
+return {'WAITING', s, call('ZRANK', KEYS[1], user)}
