@@ -106,7 +106,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     token: "unused".into(),
                     expires_at: 1_800_000_300,
                 };
-                store.poll(target, u, now, &|| c.clone()).await
+                store.poll(target, u, now, &|| Some(c.clone())).await
             })
         });
         for h in calls.collect::<Vec<_>>() {

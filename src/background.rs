@@ -424,7 +424,8 @@ impl RedisConnection {
                 token: crate::token::mint(&self.state.keys, &claims),
                 expires_at,
             };
-            match crate::store::QueueStore::record_paced(&**store, target, user, &token, now).await {
+            match crate::store::QueueStore::record_paced(&**store, target, user, &token, now).await
+            {
                 Ok(true) => written += 1,
                 Ok(false) => {}
                 Err(_) => left.push((target, user, expires_at)),

@@ -517,12 +517,7 @@ impl Pacer {
     ) -> Pace {
         // A ticket at or below the mark proves a place that was admitted already (its user was
         // served, or had its turn): it gives no precedence over users still waiting.
-        let seq = seq.filter(|s| {
-            self.marks
-                .lock()
-                .get(&target)
-                .is_none_or(|mark| *s > *mark)
-        });
+        let seq = seq.filter(|s| self.marks.lock().get(&target).is_none_or(|mark| *s > *mark));
         let window = now_ms / self.cfg.tick_ms;
         // The store answered in this tick: the pump may have admitted its batch in it.
         let answered = last_ok_ms > 0 && window <= last_ok_ms / self.cfg.tick_ms;

@@ -284,10 +284,11 @@ impl Pump {
         if presence.is_some() {
             self.store.presence_seen(replicas.presence_seen);
         }
-        if self
-            .pacer
-            .saw_roster_clock(replicas.clock, replicas.rollbacks, self.clock.now().epoch_ms)
-        {
+        if self.pacer.saw_roster_clock(
+            replicas.clock,
+            replicas.rollbacks,
+            self.clock.now().epoch_ms,
+        ) {
             self.metrics
                 .data_loss
                 .with_label_values(&["rollback"])
@@ -735,9 +736,11 @@ mod tests {
 
     /// Any request-path call that the store answers ends the guard's degraded state.
     async fn store_answers(r: &Rig) {
-        let never = || crate::store::TokenCandidate {
-            token: String::new(),
-            expires_at: 0,
+        let never = || {
+            Some(crate::store::TokenCandidate {
+                token: String::new(),
+                expires_at: 0,
+            })
         };
         r.guard
             .poll(r.target, 20, r.clock.now(), &never)

@@ -41,17 +41,25 @@ struct Seen {
 #[derive(Debug, Clone, PartialEq)]
 enum Kind {
     /// `WAITING` with a position.
-    Waiting { seq: u64 },
+    Waiting {
+        seq: u64,
+    },
     /// A degraded `WAITING` (no position).
     Held,
     /// A token, and whether the answer was degraded.
-    Token { token: String, degraded: bool },
+    Token {
+        token: String,
+        degraded: bool,
+    },
     /// `DIRECT_ADMITTED` without the store's trouble: the queue was off for the user.
     Direct,
     /// 404 `NOT_IN_QUEUE` for a user who was waiting (held a position and a ticket).
     Lost,
     /// A purchase with `token`, and its status.
-    Bought { token: String, status: u16 },
+    Bought {
+        token: String,
+        status: u16,
+    },
     Other(u16),
 }
 
@@ -105,8 +113,8 @@ impl Crowd {
                     while !stop.load(Ordering::Relaxed) {
                         let round = epoch_ms();
                         for user in crowd.iter_mut() {
-                            let g = (counter.fetch_add(1, Ordering::Relaxed) as usize)
-                                % clients.len();
+                            let g =
+                                (counter.fetch_add(1, Ordering::Relaxed) as usize) % clients.len();
                             if let Some(s) = step(&mut clients[g], g, user) {
                                 seen.push(s);
                             } else {
@@ -238,12 +246,7 @@ fn gateway(up: &Upstream, redis: &RedisServer, tweak: impl Fn(&mut ConfigFile)) 
 fn admin(gw: &GatewayProc, method: &str, path: &str, body: &str) -> Response {
     let bearer = format!("Bearer {ADMIN_TOKEN}");
     gw.admin_client()
-        .request(
-            method,
-            path,
-            &[("Authorization", &bearer)],
-            body.as_bytes(),
-        )
+        .request(method, path, &[("Authorization", &bearer)], body.as_bytes())
         .unwrap()
 }
 
@@ -399,7 +402,11 @@ fn an_outage_hands_each_user_one_token_and_keeps_purchases_to_the_paced_budget()
         "users let through during the outage admitted again after it: {again:?}"
     );
     let twice = bought_twice(&seen);
-    assert!(twice.is_empty(), "tokens that bought twice: {}", twice.len());
+    assert!(
+        twice.is_empty(),
+        "tokens that bought twice: {}",
+        twice.len()
+    );
     // Each replica paces its own slice; the slices together admit the batch per tick. One tick
     // of slack for the tick the store answered in, one for the crowd's purchase lag.
     let windows = assert_bound(&up, TICK, BATCH, 2, "outage");
@@ -407,7 +414,11 @@ fn an_outage_hands_each_user_one_token_and_keeps_purchases_to_the_paced_budget()
         .iter()
         .filter(|&&t| t >= paused && t < resumed)
         .count();
-    let tokens_per_user = degraded_users.values().map(BTreeSet::len).max().unwrap_or(0);
+    let tokens_per_user = degraded_users
+        .values()
+        .map(BTreeSet::len)
+        .max()
+        .unwrap_or(0);
     eprintln!(
         "outage of {} ms, 2 replicas, batch {BATCH}/{TICK} ms: {} users let through, {answers} degraded token answers, at most {tokens_per_user} tokens per user (one per replica), {during} purchases during it, max per 1/2/5/10 ticks {:?}",
         resumed - paused,
@@ -481,7 +492,10 @@ fn each_key_of_a_sale_deleted_mid_sale_is_found_and_repaired() {
     let mark_after = redis
         .cmd(&["GET", &format!("{KEY}:admitted_count")])
         .as_int();
-    assert!(mark_after >= mark_before, "mark {mark_before} -> {mark_after}");
+    assert!(
+        mark_after >= mark_before,
+        "mark {mark_before} -> {mark_after}"
+    );
     // The waiting set: each user back at the place its ticket proves, at its next poll.
     let waiting_before = redis.cmd(&["ZCARD", &format!("{KEY}:waiting")]).as_int();
     redis.cmd(&["DEL", &format!("{KEY}:waiting")]);
@@ -505,7 +519,12 @@ fn each_key_of_a_sale_deleted_mid_sale_is_found_and_repaired() {
     let evicted = metric(&gws, evicted_series) - evicted_at;
 
     // A paused sale's parameters: it stays paused (a stand-in, then the replicas' write-back).
-    let r = admin(&gws[1], "PUT", "/sales/limited-drop/42", r#"{"state": "paused"}"#);
+    let r = admin(
+        &gws[1],
+        "PUT",
+        "/sales/limited-drop/42",
+        r#"{"state": "paused"}"#,
+    );
     assert_eq!(r.status, 200);
     wait(1200);
     let mark_paused = redis
@@ -514,7 +533,9 @@ fn each_key_of_a_sale_deleted_mid_sale_is_found_and_repaired() {
     let bought_paused = purchases(&up).len();
     redis.cmd(&["DEL", &format!("{KEY}:sale")]);
     wait(2500);
-    let state = redis.cmd(&["HGET", &format!("{KEY}:sale"), "state"]).as_str();
+    let state = redis
+        .cmd(&["HGET", &format!("{KEY}:sale"), "state"])
+        .as_str();
     let batch = redis
         .cmd(&["HGET", &format!("{KEY}:sale"), "batchSize"])
         .as_str();
@@ -522,17 +543,34 @@ fn each_key_of_a_sale_deleted_mid_sale_is_found_and_repaired() {
         .cmd(&["GET", &format!("{KEY}:admitted_count")])
         .as_int();
     let bought_while_paused = purchases(&up).len() - bought_paused;
-    assert_eq!(state.as_deref(), Some("paused"), "the paused sale came back open");
-    assert_eq!(batch.as_deref(), Some("3"), "written back from the replicas' memory");
+    assert_eq!(
+        state.as_deref(),
+        Some("paused"),
+        "the paused sale came back open"
+    );
+    assert_eq!(
+        batch.as_deref(),
+        Some("3"),
+        "written back from the replicas' memory"
+    );
     assert_eq!(mark_still, mark_paused, "admitted while paused");
-    let r = admin(&gws[0], "PUT", "/sales/limited-drop/42", r#"{"state": "open"}"#);
+    let r = admin(
+        &gws[0],
+        "PUT",
+        "/sales/limited-drop/42",
+        r#"{"state": "open"}"#,
+    );
     assert_eq!(r.status, 200);
 
     // The flag hash with its meta kept, and the registered sales: written back, not adopted.
     redis.cmd(&["DEL", "queue:flag"]);
     redis.cmd(&["DEL", "queue:targets"]);
     let restored = wait_until(Duration::from_secs(5), || {
-        redis.cmd(&["HGET", "queue:flag", "enabled"]).as_str().as_deref() == Some("on")
+        redis
+            .cmd(&["HGET", "queue:flag", "enabled"])
+            .as_str()
+            .as_deref()
+            == Some("on")
             && redis
                 .cmd(&["SISMEMBER", "queue:targets", "LIMITED_DROP:42"])
                 .as_int()
@@ -557,7 +595,10 @@ fn each_key_of_a_sale_deleted_mid_sale_is_found_and_repaired() {
     );
 
     let shared = shared_positions(&seen);
-    assert!(shared.is_empty(), "positions shown to two users: {shared:?}");
+    assert!(
+        shared.is_empty(),
+        "positions shown to two users: {shared:?}"
+    );
     let lost: Vec<u64> = seen
         .iter()
         .filter(|s| s.kind == Kind::Lost)
@@ -565,10 +606,17 @@ fn each_key_of_a_sale_deleted_mid_sale_is_found_and_repaired() {
         .collect();
     assert!(lost.is_empty(), "waiting users told 404: {lost:?}");
     let direct = seen.iter().filter(|s| s.kind == Kind::Direct).count();
-    assert_eq!(direct, 0, "users let through without the queue (the flag read as off)");
+    assert_eq!(
+        direct, 0,
+        "users let through without the queue (the flag read as off)"
+    );
     let _ = flag_back;
     let twice = bought_twice(&seen);
-    assert!(twice.is_empty(), "tokens that bought twice: {}", twice.len());
+    assert!(
+        twice.is_empty(),
+        "tokens that bought twice: {}",
+        twice.len()
+    );
     let windows = assert_bound(&up, TICK, BATCH, 2, "key losses");
     for state in [
         "queue_seq",
@@ -660,14 +708,26 @@ fn redis_back_from_an_old_snapshot_buys_no_spent_token_again() {
         "{} spent tokens bought again after the rollback",
         twice.len()
     );
-    assert!(mark_end >= mark_at, "the mark went back: {mark_at} -> {mark_end}");
-    assert!(seq_end >= seq_at, "the seq went back: {seq_at} -> {seq_end}");
+    assert!(
+        mark_end >= mark_at,
+        "the mark went back: {mark_at} -> {mark_end}"
+    );
+    assert!(
+        seq_end >= seq_at,
+        "the seq went back: {seq_at} -> {seq_end}"
+    );
     let shared = shared_positions(&seen);
-    assert!(shared.is_empty(), "positions shown to two users: {shared:?}");
+    assert!(
+        shared.is_empty(),
+        "positions shown to two users: {shared:?}"
+    );
     // Users who entered in the lost seconds poll with their tickets and are put back.
     let lost = seen.iter().filter(|s| s.kind == Kind::Lost).count();
     assert_eq!(lost, 0, "waiting users told 404 after the rollback");
-    assert!(losses(&gws, "rollback") >= 1, "the rollback was not counted");
+    assert!(
+        losses(&gws, "rollback") >= 1,
+        "the rollback was not counted"
+    );
     // Users admitted twice: a second, different token after the rollback.
     let mut tokens: HashMap<u64, BTreeSet<String>> = HashMap::new();
     for s in &seen {

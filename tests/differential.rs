@@ -129,7 +129,10 @@ async fn apply(s: &dyn QueueStore, op: &Op, now: Now) -> String {
                 token: format!("tok-{t}-{user}-{}", now.epoch_ms),
                 expires_at: now.epoch_ms / 1000 + 600,
             };
-            let reply = s.poll(target(t), user, now, &|| Some(c.clone())).await.unwrap();
+            let reply = s
+                .poll(target(t), user, now, &|| Some(c.clone()))
+                .await
+                .unwrap();
             // The wait reported on admission is checkpointed in Redis: compared in stats.
             match reply {
                 vq_gateway::store::PollOutcome::Admitted {

@@ -172,7 +172,7 @@ async fn simulate(seed: u64, ticks: u64, instances: u64) {
                 expires_at: (base + at) / 1000 + 300,
             };
             match store
-                .poll(t, user, now_at(at), &|| c.clone())
+                .poll(t, user, now_at(at), &|| Some(c.clone()))
                 .await
                 .unwrap()
             {
@@ -201,6 +201,7 @@ async fn simulate(seed: u64, ticks: u64, instances: u64) {
                     );
                 }
                 PollOutcome::NotInQueue => panic!("user {user} lost its place without going stale"),
+                PollOutcome::Due => panic!("user {user}: the token was held back, never asked"),
             }
         }
 
@@ -316,7 +317,7 @@ async fn simulate(seed: u64, ticks: u64, instances: u64) {
                 expires_at: (base + end) / 1000 + 300,
             };
             let p = store
-                .poll(t, *user, now_at(end), &|| c.clone())
+                .poll(t, *user, now_at(end), &|| Some(c.clone()))
                 .await
                 .unwrap();
             assert_eq!(

@@ -75,7 +75,9 @@ async fn advance(s: &dyn QueueStore, t: QueueTarget, batch: u32) -> Advance {
 }
 
 async fn poll(s: &dyn QueueStore, t: QueueTarget, user: u64, token: &str) -> PollOutcome {
-    s.poll(t, user, now(), &|| Some(candidate(token))).await.unwrap()
+    s.poll(t, user, now(), &|| Some(candidate(token)))
+        .await
+        .unwrap()
 }
 
 /// One test per contract scenario and store: `memory::<scenario>` and `redis::<scenario>` (a
@@ -410,7 +412,8 @@ async fn simultaneous_calls_answer_as_one_after_another(s: &dyn QueueStore) {
     assert_eq!(placed, vec![(3, 2), (4, 3)]);
     let polled_users = [1, 99, 2, 8, 1];
     let polled =
-        futures_join_all(polled_users.map(|u| s.poll(t, u, now(), &|| Some(candidate("never"))))).await;
+        futures_join_all(polled_users.map(|u| s.poll(t, u, now(), &|| Some(candidate("never")))))
+            .await;
     for (user, got) in polled_users.iter().zip(polled) {
         let want = match by_user.get(user) {
             Some(EnterOutcome::Waiting { seq, ahead }) => PollOutcome::Waiting {

@@ -142,9 +142,12 @@ fn issuing_held(state: &AppState, now: Now) -> bool {
 
 /// Remembers a token this replica signed for an admission (`issued.rs`).
 fn signed_here(state: &AppState, target: QueueTarget, user: u64, expires_at: u64) {
-    state
-        .issued
-        .record(target, user, expires_at, crate::clock::now().epoch_ms / 1000);
+    state.issued.record(
+        target,
+        user,
+        expires_at,
+        crate::clock::now().epoch_ms / 1000,
+    );
 }
 
 /// The entry token of `user` for `target` expiring at `expires_at` (epoch s).
@@ -389,14 +392,17 @@ fn degraded(
             // One admission, one token: a user let through again while pacing gets the token
             // of the first answer (its single use is tracked by the token), never a new one.
             let fresh = candidate(state, target, user, now);
-            let minted = match state.pacer.token_expiry(target, user, fresh.expires_at, now.epoch_ms)
-            {
-                Some(at) if at != fresh.expires_at => token_expiring(state, target, user, at),
-                _ => {
-                    state.count_token(target, "issued");
-                    fresh
-                }
-            };
+            let minted =
+                match state
+                    .pacer
+                    .token_expiry(target, user, fresh.expires_at, now.epoch_ms)
+                {
+                    Some(at) if at != fresh.expires_at => token_expiring(state, target, user, at),
+                    _ => {
+                        state.count_token(target, "issued");
+                        fresh
+                    }
+                };
             signed_here(state, target, user, minted.expires_at);
             let status = EntryStatus::DirectAdmitted {
                 token: minted.token,

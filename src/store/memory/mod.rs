@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use super::liveness::Liveness;
 use super::{
     Advance, AdvanceOutcome, ClaimTake, ClaimTerms, EnterOutcome, Mint, Now, Part, PollOutcome,
-    QueueStore, Roster, RosterEntry, RosterMember, Settle, StoreError, TickFigures,
-    ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, TICKS_KEPT_MS, TokenCandidate,
+    QueueStore, Roster, RosterEntry, RosterMember, Settle, StoreError, TickFigures, TokenCandidate,
+    ADVANCE_SAMPLES, DEFAULT_MAX_TARGETS, RATE_WINDOW_MS, TARGET_KEY_TTL_SECS, TICKS_KEPT_MS,
     WAIT_SAMPLES,
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
@@ -1050,7 +1050,8 @@ mod tests {
             let at = |min: u64| Now {
                 epoch_ms: 1_000 + min * 60_000,
             };
-            let never = || -> crate::store::TokenCandidate { unreachable!("a waiting poll signs") };
+            let never =
+                || -> Option<crate::store::TokenCandidate> { unreachable!("a waiting poll signs") };
             s.enter(t, 1, at(0)).await.unwrap();
             s.enter(t, 2, at(0)).await.unwrap();
             let waiting = PollOutcome::Waiting { seq: 2, ahead: 1 };
@@ -1090,9 +1091,11 @@ mod tests {
             s.enter(t, 99_999, now).await.unwrap();
             let slots = s.targets.lock().map[&t].slots.len();
             assert!(slots < 2 * COMPACT_MIN, "{slots} slots for 2 waiting users");
-            let c = || crate::store::TokenCandidate {
-                token: "x".into(),
-                expires_at: 10,
+            let c = || {
+                Some(crate::store::TokenCandidate {
+                    token: "x".into(),
+                    expires_at: 10,
+                })
             };
             assert_eq!(
                 s.poll(t, 99_999, now, &c).await.unwrap(),

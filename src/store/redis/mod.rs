@@ -43,8 +43,8 @@ use url::{Deployment, RedisUrl};
 
 use super::replies::{self, as_u64, reply_array, PollReply};
 use super::scripts::{
-    Key, Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_CREDIT_KEY, INSTANCES_KEY,
-    INSTANCES_CLOCK_KEY, INSTANCES_PRESENCE_KEY, INSTANCES_RETIRED_KEY,
+    Key, Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_CLOCK_KEY, INSTANCES_CREDIT_KEY,
+    INSTANCES_KEY, INSTANCES_PRESENCE_KEY, INSTANCES_RETIRED_KEY,
 };
 use super::{
     Advance, ClaimTake, ClaimTerms, EnterOutcome, Mint, Now, Part, PollOutcome, PresenceKind,
