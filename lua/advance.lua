@@ -15,6 +15,8 @@
 -- KEYS[10]   queue:{T}:losses        HASH kind -> count: the losses of this target's state the
 --                                    scripts found (declared: it is read at every step, and a
 --                                    cluster refuses undeclared keys of a slot in migration)
+-- KEYS[11]   queue:{T}:deleted       set while an operator's deletion of the sale is recent: the
+--                                    caller's memory is of the deleted queue, no floor
 -- ARGV[1] the part of the batch the caller may admit, in millionths (less than all of it while
 -- replicas that stopped registering may be pacing on their own), ARGV[2] key TTL (ms), ARGV[3]
 -- samples to keep, ARGV[4] and ARGV[5] the caller's default batchSize and tickMs (a sale that
@@ -31,9 +33,10 @@
 -- Losses (docs/state.md), checked before anything is admitted: a mark below the highest one
 -- a replica saw (lost, or Redis came back from a failover behind) is set back to it, so no user
 -- is admitted twice; a seq below the mark, the highest waiting score or the highest seq a
--- replica saw is set back to their maximum, so no seq is handed out twice; a sale missing next
--- to queue state (or one a replica read) is recreated paused and marked `lost`, and nobody is
--- admitted from made-up parameters until a replica writes back the one it read.
+-- replica saw is set back to their maximum, so no seq is handed out twice; a sale an operator
+-- had set (a replica read a version above 0) found missing is recreated paused and marked
+-- `lost`, and nobody is admitted from made-up parameters until a replica writes back the one
+-- it read; one an enter had made from the defaults is made again from them.
 --   outcome: "ADVANCED" | "GUARDED" (too soon after the last advance: 0.95 of the sale's tick;
 --   the 5th element says how long until the next advance is allowed) | "IDLE" (nobody to admit)
 --   | "PAUSED" (the sale's state is paused: nobody is admitted, everyone keeps their place)
@@ -53,6 +56,10 @@ end
 
 -- The state's invariants, repaired from what survives and from the caller's memory.
 local mark_floor, seq_floor = tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0
+local deleted = redis.call('EXISTS', KEYS[11])
+if deleted == 1 then
+  mark_floor, seq_floor = 0, 0
+end
 local mark_raw, seq_raw = redis.call('GET', KEYS[4]), redis.call('GET', KEYS[3])
 local top = tonumber(redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2] or '0')
 if tonumber(mark_raw or '0') < mark_floor then
@@ -68,12 +75,22 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('EXISTS', KEYS[9]) == 0 then
   local known = tonumber(ARGV[9]) or 0
+  if deleted == 1 then
+    known = 0
+  end
   if known > 0 or top > 0 or want_seq > 0 then
+    -- Lost. One an operator had set (the caller read a version above 0) becomes a paused
+    -- stand-in until a replica writes it back; one an enter made from the defaults is made
+    -- again from them. The heartbeat windows restart either way.
     local at = string.format('%d', now)
     local window = math.max(1, math.floor(tonumber(ARGV[11]) * 1000 / 4))
     redis.call('HSET', KEYS[9], 'batchSize', ARGV[4], 'tickMs', ARGV[5], 'maxCapacity', ARGV[10],
-      'heartbeatTimeoutS', ARGV[11], 'state', 'paused', 'windowMs', string.format('%d', window),
-      'windowSince', at, 'version', '0', 'updatedAtMs', at, 'lostAtMs', at)
+      'heartbeatTimeoutS', ARGV[11], 'state', known > 0 and 'paused' or 'open',
+      'windowMs', string.format('%d', window), 'windowSince', at, 'version', '0',
+      'updatedAtMs', at)
+    if known > 0 then
+      redis.call('HSET', KEYS[9], 'lostAtMs', at)
+    end
     redis.call('PEXPIRE', KEYS[9], ttl)
     lost('sale')
   end
@@ -126,7 +143,7 @@ end
 local min_interval = math.floor(tick_ms * 0.95)
 local function reply(outcome, mark, admitted, waiting, retry)
   return {outcome, mark, admitted, waiting, retry, batch_size, tick_ms,
-    tonumber(redis.call('GET', KEYS[3]) or '0'), losses()}
+    tonumber(redis.call('GET', KEYS[3]) or '0'), losses(), deleted}
 end
 
 local mark = tonumber(redis.call('GET', KEYS[4]) or '0')

@@ -29,9 +29,10 @@
 --
 -- Losses (docs/state.md): a missing `seq` next to a mark, waiting users or a replica that saw
 -- seqs is a lost key, never a fresh sequence: it is set back to the highest of them before any
--- seq is handed out, so no place is given twice. A missing sale next to queue state, or one a
--- replica has read, is lost too: it is created paused and marked `lost` (nobody is admitted
--- from made-up parameters) until a replica writes back what it last read. Each loss found is
+-- seq is handed out, so no place is given twice. A missing sale that an operator had set (the
+-- replica read a version above 0) is created paused and marked `lost` (nobody is admitted from
+-- made-up parameters) until a replica writes back what it last read; one an enter had made from
+-- the defaults (next to queue state) is made again from them. Each loss found is
 -- counted in queue:{T}:losses (HASH kind -> count, named here from KEYS[1]'s prefix), which the
 -- pump reports.
 -- The heartbeats of the current window go to queue:{T}:alive:{windowMs}:{now / windowMs}, a bitmap
@@ -87,7 +88,13 @@ end
 local seq_now = call('GET', KEYS[3])
 local mark_now = call('GET', KEYS[4])
 local top = call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
-local floor = math.max(tonumber(ARGV[7]) or 0, tonumber(mark_now or '0'), tonumber(top or '0'))
+local remembered, known = tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0
+if (not seq_now or not window_ms) and call('EXISTS', prefix .. 'deleted') == 1 then
+  -- An operator deleted the sale lately (queue:{T}:deleted): the caller remembers the deleted
+  -- queue, which is no floor for a new one.
+  remembered, known = 0, 0
+end
+local floor = math.max(remembered, tonumber(mark_now or '0'), tonumber(top or '0'))
 if not seq_now then
   if floor > 0 then
     call('SET', KEYS[3], string.format('%d', floor), 'PX', ttl)
@@ -101,14 +108,19 @@ end
 if not window_ms then
   capacity = tonumber(ARGV[5])
   window_ms = math.max(1, math.floor(tonumber(ARGV[6]) * 1000 / 4))
-  local known = tonumber(ARGV[8]) or 0
   local has_state = floor > 0 or seq_now or call('EXISTS', KEYS[4]) == 1
-  if has_state or known > 0 then
-    -- Lost, not new: paused until a replica writes back the sale it read; the heartbeat
-    -- windows restart (windowSince) since nobody's silence was observed in them.
+  if known > 0 then
+    -- Lost, and an operator had set it: paused until a replica writes back the sale it read;
+    -- the heartbeat windows restart (windowSince) since nobody's silence was observed in them.
     call('HSET', sale_key, 'batchSize', ARGV[3], 'tickMs', ARGV[4], 'maxCapacity', ARGV[5],
       'heartbeatTimeoutS', ARGV[6], 'state', 'paused', 'windowMs', string.format('%d', window_ms),
       'windowSince', ARGV[1], 'version', '0', 'updatedAtMs', ARGV[1], 'lostAtMs', ARGV[1])
+    lost('sale')
+  elseif has_state then
+    -- Lost, and it was one an enter made from the defaults (version 0): made again the same way.
+    call('HSET', sale_key, 'batchSize', ARGV[3], 'tickMs', ARGV[4], 'maxCapacity', ARGV[5],
+      'heartbeatTimeoutS', ARGV[6], 'state', 'open', 'windowMs', string.format('%d', window_ms),
+      'windowSince', ARGV[1], 'version', '0', 'updatedAtMs', ARGV[1])
     lost('sale')
   else
     call('HSET', sale_key, 'batchSize', ARGV[3], 'tickMs', ARGV[4], 'maxCapacity', ARGV[5],

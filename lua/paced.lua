@@ -1,6 +1,6 @@
 #!lua flags=allow-oom
 -- paced.lua: writes back an admission a replica made while its store could not be used (paced
--- fail-open, docs/failures.md): the user's token becomes the stored one, and the user leaves
+-- fail-open, docs/state.md): the user's token becomes the stored one, and the user leaves
 -- the waiting room, so the pump never admits the same user a second time and every later poll
 -- answers that same token. Atomic and idempotent: a token already stored wins (the user was
 -- admitted through the store meanwhile, and that is the one answered from now on).

@@ -12,7 +12,8 @@
 -- back and answered DUE, and the caller issues its token as for any admitted user.
 --
 -- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:queued, KEYS[3] queue:{T}:seq,
--- KEYS[4] queue:{T}:admitted_count, KEYS[5] queue:{T}:token:{userId}, KEYS[6] queue:{T}:sale
+-- KEYS[4] queue:{T}:admitted_count, KEYS[5] queue:{T}:token:{userId}, KEYS[6] queue:{T}:sale,
+-- KEYS[7] queue:{T}:deleted (an operator deleted the sale lately: no place of it stands)
 -- ARGV[1] userId, ARGV[2] the ticket's seq, ARGV[3] now (ms), ARGV[4] the caller's default
 -- window width (ms, a sale that does not exist), ARGV[5] key TTL (ms)
 -- Reply: {"ADMITTED", "expiresAt|token"} | {"WAITING", seq, rank} | {"DUE"} | {"NONE"}
@@ -29,6 +30,9 @@ end
 local held = call('ZSCORE', KEYS[1], user)
 if held then
   return {'WAITING', held, call('ZRANK', KEYS[1], user)}
+end
+if call('EXISTS', KEYS[7]) == 1 then
+  return {'NONE'}
 end
 local bytes = call('STRLEN', KEYS[2])
 local stands = seq >= bytes * 8 or call('GETBIT', KEYS[2], seq) == 1

@@ -24,13 +24,13 @@
 -- changed less than a timeout ago: the heartbeats before the change are in windows of the old
 -- width, which are not read); the last 12 windows are then read only to give their bitmaps
 -- their lifetime.
--- A sale that is missing (lost with Redis' data) evicts nobody: its timeout is unknown. A
--- window inside the range read that does not exist although the sweep creates each one ahead of
--- time is lost (or never observed: no sweep ran then), so silence in it proves nothing. When
--- no window before the current one survives in the range while users wait (the bitmaps were
--- deleted, or Redis lost them), the windows restart (windowSince = now, nobody is evicted for a
--- timeout) and the loss is counted in queue:{T}:losses as `alive` (kept as long as the target's
--- keys, 30 min).
+-- A sale that is missing (lost with Redis' data) evicts nobody: its timeout is unknown. Each
+-- sweep also creates the window after the next one and records it in the sale (aheadWindow,
+-- "width:index");
+-- finding that window missing while it is still ahead means the bitmaps were deleted or lost,
+-- so silence in them proves nothing: the windows restart (windowSince = now, nobody is evicted
+-- for a timeout) and the loss is counted in queue:{T}:losses as `alive` (kept 30 min, as the
+-- target's keys).
 -- Reply: number of users evicted
 --
 -- `allow-oom`: under maxmemory this script still runs (Redis refuses plain writes then). It only
@@ -38,7 +38,8 @@
 -- the queue moving instead of failing it open; new enters (enter.lua, no allow-oom) are refused.
 
 local max, now, credit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local sale = redis.call('HMGET', KEYS[4], 'heartbeatTimeoutS', 'windowMs', 'windowSince')
+local sale = redis.call('HMGET', KEYS[4], 'heartbeatTimeoutS', 'windowMs', 'windowSince',
+  'aheadWindow')
 if not sale[1] then
   max = 0
 end
@@ -48,30 +49,25 @@ local since = tonumber(sale[3] or '0')
 local window_ttl = string.format('%d', 14 * window_ms)
 local cutoff = now - timeout_ms - credit
 local first, last = math.floor(cutoff / window_ms), math.floor(now / window_ms) + 1
--- Whether silence in the windows read means anything: not while the width is new.
-local observed = cutoff >= since and sale[1]
 if last - first >= 12 or cutoff < since then
   first, max = last - 11, 0
 end
 local prefix_of_target = string.match(KEYS[1], '^(.*)waiting$')
 local prefix = prefix_of_target .. string.format('alive:%d:', window_ms)
-local windows, past = {}, 0
+local windows = {}
 for w = first, last do
   local key = prefix .. string.format('%d', w)
   redis.call('PEXPIRE', key, window_ttl, 'NX')
-  if w < last - 1 and redis.call('EXISTS', key) == 1 then
-    past = past + 1
-  end
   windows[#windows + 1] = key
 end
--- Only users who entered before the current window make silence in the past ones meaningful
--- (the oldest enter-time checkpoint, queue:{T}:seqtime "seq:ms", says when they came).
-local function entered_before(ms)
-  local oldest = redis.call('ZRANGE', prefix_of_target .. 'seqtime', 0, 0)[1]
-  return oldest and tonumber(string.match(oldest, ':(%d+)$')) < ms
-end
-if past == 0 and observed and redis.call('STRLEN', KEYS[2]) > 0
-  and entered_before((last - 1) * window_ms) then
+-- The window the last sweep created furthest ahead (aheadWindow, two past its current one):
+-- while it is still in the future no poll has written it, so its absence means the windows
+-- were deleted or lost, not that nobody polled.
+local ahead_width, ahead = string.match(sale[4] or '', '^(%d+):(%d+)$')
+ahead = tonumber(ahead)
+if ahead and tonumber(ahead_width) == window_ms and ahead > last - 1 and ahead <= last + 1
+  and sale[1] and cutoff >= since
+  and redis.call('EXISTS', prefix .. string.format('%d', ahead)) == 0 then
   redis.call('HSET', KEYS[4], 'windowSince', string.format('%d', now))
   local losses = prefix_of_target .. 'losses'
   redis.call('HINCRBY', losses, 'alive', 1)
@@ -80,6 +76,10 @@ if past == 0 and observed and redis.call('STRLEN', KEYS[2]) > 0
 end
 redis.call('SET', windows[#windows - 1], '', 'PX', window_ttl, 'NX')
 redis.call('SET', windows[#windows], '', 'PX', window_ttl, 'NX')
+redis.call('SET', prefix .. string.format('%d', last + 1), '', 'PX', window_ttl, 'NX')
+if sale[1] then
+  redis.call('HSET', KEYS[4], 'aheadWindow', string.format('%d:%d', window_ms, last + 1))
+end
 
 local queued_bytes = redis.call('STRLEN', KEYS[2])
 if queued_bytes == 0 or max <= 0 then

@@ -321,10 +321,8 @@ impl Pacer {
         if new {
             c.pending = true;
             // Every replica learns of it at its next registration (within a tick) and writes
-            // back at once.
-            c.hold_until_ms = now_ms
-                .saturating_add(self.cfg.tick_ms.saturating_mul(2))
-                .saturating_add(1000);
+            // back within a probe period.
+            c.hold_until_ms = now_ms.saturating_add(self.cfg.tick_ms).saturating_add(500);
         }
         new
     }

@@ -369,7 +369,10 @@ impl Pump {
     fn part_now(&self, reading: &Reading) -> Part {
         let tick_ms = self.tick_ms();
         let now_ms = self.clock.now().epoch_ms;
-        if !reading.same_tick(now_ms, tick_ms) || self.pacer.paced_in(now_ms / tick_ms) {
+        if !reading.same_tick(now_ms, tick_ms)
+            || self.pacer.paced_in(now_ms / tick_ms)
+            || self.store.issue_held(&self.pacer, now_ms)
+        {
             Part::ppm(0)
         } else {
             reading.part.clone()

@@ -555,6 +555,9 @@ pub struct SaleView {
     /// The live users admitted per second, as measured over the recent admissions (0: no
     /// history); set by the caller from the queue's statistics.
     pub measured_rate_per_sec: f64,
+    /// The sale is a paused stand-in for one Redis lost (`Sale::lost_at_ms`): its schedule is
+    /// unknown until a replica writes it back, so no place is shown (a draw may still move it).
+    pub lost: bool,
 }
 
 impl SaleBook {
@@ -659,6 +662,7 @@ impl SaleBook {
                 prequeue_until_ms: if s.prequeue() { s.opens_at_ms } else { 0 },
                 prequeue_opens_at_ms: s.prequeue_opens_at_ms,
                 measured_rate_per_sec: 0.0,
+                lost: s.lost_at_ms > 0,
             },
             None => SaleView {
                 batch_size: self.defaults.batch_size,
@@ -668,6 +672,7 @@ impl SaleBook {
                 prequeue_until_ms: 0,
                 prequeue_opens_at_ms: 0,
                 measured_rate_per_sec: 0.0,
+                lost: false,
             },
         }
     }

@@ -1,4 +1,4 @@
-//! The budget survives what every deployment meets (docs/state.md, docs/failures.md), under a
+//! The budget survives what every deployment meets (docs/state.md), under a
 //! crowd of repeat customers: users who keep polling after they bought and buy again with every
 //! token they are handed.
 //!
@@ -749,4 +749,70 @@ fn redis_back_from_an_old_snapshot_buys_no_spent_token_again() {
         "{second} users got a second token after the rollback"
     );
     let _ = back;
+}
+
+/// A pre-queued sale's parameters deleted before its opening: the stand-in admits nobody, the
+/// replica writes the opening back, and the draw runs at the opening as announced.
+#[test]
+fn a_pre_queued_sale_lost_before_its_opening_still_opens_as_announced() {
+    let _serial = serial();
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let gw = gateway(&up, &redis, |c| {
+        c.queue.tick_ms = 500;
+        c.queue.batch_size = 50;
+        c.queue.targets = TargetsMode::Registered;
+    });
+    let opens_at = epoch_ms() + 7_000;
+    let body = format!(
+        r#"{{"batchSize": 5, "tickMs": 500, "prequeueOpensAt": {}, "opensAt": {opens_at}}}"#,
+        epoch_ms()
+    );
+    let mut status = 0;
+    assert!(wait_until(Duration::from_secs(10), || {
+        status = admin(&gw, "PUT", "/sales/limited-drop/42", &body).status;
+        status == 200
+    }));
+    let commitment = redis
+        .cmd(&["HGET", &format!("{KEY}:sale"), "drawCommitment"])
+        .as_str();
+    let crowd = Crowd::start(vec![gw.listen], 2, 10, 0, 300, 40_000);
+    std::thread::sleep(Duration::from_millis(2000));
+    redis.cmd(&["DEL", &format!("{KEY}:sale")]);
+    let back = wait_until(Duration::from_secs(4), || {
+        redis
+            .cmd(&["HGET", &format!("{KEY}:sale"), "opensAt"])
+            .as_str()
+            .as_deref()
+            == Some(opens_at.to_string().as_str())
+    });
+    assert!(back, "the opening was not written back");
+    let drawn = wait_until(Duration::from_secs(12), || {
+        redis
+            .cmd(&["HGET", &format!("{KEY}:sale"), "drawnAt"])
+            .as_str()
+            .is_some_and(|d| d != "0")
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let seen = crowd.stop();
+    assert!(drawn, "the draw never ran");
+    let early: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.start_ms + 50 < opens_at && matches!(s.kind, Kind::Token { .. }))
+        .collect();
+    assert!(early.is_empty(), "admitted before the opening: {early:?}");
+    assert_eq!(
+        redis
+            .cmd(&["HGET", &format!("{KEY}:sale"), "drawCommitment"])
+            .as_str(),
+        commitment,
+        "the draw's commitment changed"
+    );
+    assert!(losses(std::slice::from_ref(&gw), "sale") >= 1);
+    let shared = shared_positions(&seen);
+    assert!(
+        shared.is_empty(),
+        "positions shown to two users: {shared:?}"
+    );
+    assert_bound(&up, 500, 5, 2, "pre-queue");
 }

@@ -231,8 +231,10 @@ async fn compare_waits(memory: &dyn QueueStore, redis: &dyn QueueStore, now: Now
     }
 }
 
-async fn run(ops: &[Op], redis: &RedisServer, store: &dyn QueueStore) -> Result<(), TestCaseError> {
+async fn run(ops: &[Op], redis: &RedisServer, store: &RedisStore) -> Result<(), TestCaseError> {
     redis.cmd(&["FLUSHALL"]);
+    // Emptied on purpose between cases: no loss to repair (docs/state.md).
+    store.forget_all_seen();
     let memory = MemoryStore::new().with_sale_defaults(defaults());
     let mut now_ms = BASE_MS;
     for (i, op) in ops.iter().enumerate() {

@@ -1091,3 +1091,105 @@ fn a_pre_queued_user_silent_past_the_timeout_misses_the_draw() {
         assert_eq!(users, vec![1, 2]);
     });
 }
+
+/// An opening set on a sale whose users already queue in arrival order would reshuffle places
+/// already shown (admitted users back to waiting): refused with a 400 naming `opensAt`, on the
+/// memory store and on Redis alike; an opening set before the first enter is taken.
+#[test]
+fn an_opening_is_refused_once_users_queue_in_arrival_order() {
+    let up = Upstream::start();
+    let redis = RedisServer::start();
+    let mut memory = test_config(up.addr);
+    memory.server.admin_token_env = "VQ_ADMIN_TOKEN".into();
+    for cfg in [memory, redis_config(up.addr, &redis)] {
+        let gw = start(cfg);
+        gw.wait_flag_known();
+        put_sale(&gw, json!({"batchSize": 2}));
+        let mut c = gw.client();
+        assert_eq!(enter(&mut c, 1001).status, 200);
+        let opens_at = crate_now_ms() + 60_000;
+        let r = admin(
+            &gw,
+            "PUT",
+            SALE,
+            Some(ADMIN_TOKEN),
+            &json!({"opensAt": opens_at}).to_string(),
+        );
+        assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+        let v = r.json();
+        assert_eq!(v["field"], "opensAt", "{v}");
+        assert!(
+            v["detail"]
+                .as_str()
+                .unwrap()
+                .contains("before the first enter"),
+            "{v}"
+        );
+        let sale = admin(&gw, "GET", SALE, None, "").json();
+        assert_eq!(sale["opensAt"], Value::Null, "nothing written: {sale}");
+        // Another sale with nobody in it yet takes an opening.
+        let other = "/sales/limited-drop/43";
+        let r = admin(
+            &gw,
+            "PUT",
+            other,
+            Some(ADMIN_TOKEN),
+            &json!({"opensAt": opens_at}).to_string(),
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+}
+
+fn crate_now_ms() -> u64 {
+    common::load::epoch_ms()
+}
+
+/// The admin listener answers its IP addresses, `localhost` and `server.admin_hosts`: a page
+/// under another name (DNS rebinding) reads nothing; health checks answer any name.
+#[test]
+fn admin_reads_refuse_a_foreign_host() {
+    let up = Upstream::start();
+    let mut cfg = test_config(up.addr);
+    cfg.server.admin_token_env = "VQ_ADMIN_TOKEN".into();
+    cfg.server.admin_hosts = vec!["gateway-1".into()];
+    let gw = start(cfg);
+    let port = gw.admin.port();
+    let get = |path: &str, host: &str| {
+        let mut raw = RawConn::connect(gw.admin);
+        raw.send_raw(
+            format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes(),
+            false,
+        )
+        .unwrap()
+        .status
+    };
+    for path in ["/console/state", "/sales", "/flag", "/metrics", "/console"] {
+        for host in [
+            "rebound.example".to_string(),
+            format!("rebound.example:{port}"),
+            format!("127.0.0.1.rebound.example:{port}"),
+        ] {
+            assert_eq!(get(path, &host), 421, "{path} {host}");
+        }
+        for host in [
+            format!("127.0.0.1:{port}"),
+            format!("localhost:{port}"),
+            format!("gateway-1:{port}"),
+        ] {
+            assert_eq!(get(path, &host), 200, "{path} {host}");
+        }
+    }
+    assert_eq!(get("/healthz", "rebound.example"), 200);
+    // Two Host headers: refused.
+    let mut raw = RawConn::connect(gw.admin);
+    let r = raw
+        .send_raw(
+            format!(
+                "GET /sales HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nHost: rebound.example\r\n\r\n"
+            )
+            .as_bytes(),
+            false,
+        )
+        .unwrap();
+    assert_ne!(r.status, 200);
+}

@@ -41,10 +41,26 @@ pub(super) fn server(section: &ServerSection) -> Result<ServerConfig, ConfigErro
             Some(name.to_string())
         }
     };
+    let mut admin_hosts = Vec::new();
+    for name in &section.admin_hosts {
+        let valid = !name.is_empty()
+            && name.len() <= 253
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        if !valid {
+            return Err(invalid(
+                "server.admin_hosts",
+                format!("{name:?} is not a host name (letters, digits, '-' and '.'; no port)"),
+            ));
+        }
+        admin_hosts.push(name.to_ascii_lowercase());
+    }
     Ok(ServerConfig {
         listen,
         admin_listen,
         admin_token_env,
+        admin_hosts,
         replica_name_env,
         threads: in_range("server.threads", section.threads as u64, 1, 256)? as usize,
         keepalive_idle: secs("server.keepalive_idle_s", section.keepalive_idle_s, 1, 3600)?,

@@ -123,6 +123,11 @@ pub struct ServerSection {
     /// The environment variable holding the bearer token that admin writes (`PUT`/`DELETE
     /// /sales/…`) must carry; empty: admin writes are refused.
     pub admin_token_env: String,
+    /// Host names the admin listener answers besides IP addresses and `localhost` (the names
+    /// Prometheus and operators reach it by, e.g. `gateway-1`): a request whose `Host` is another
+    /// name is refused (421), so a web page whose name an attacker rebinds to this address cannot
+    /// read the console, the sales, the flag or the metrics.
+    pub admin_hosts: Vec<String>,
     /// The environment variable holding this replica's stable name (letters, digits, `.`, `_`,
     /// `-`; at most 64), unique among the replicas and kept across restarts (a pod or container
     /// name): a replica that starts with a name retires its predecessor of that name from the
@@ -160,6 +165,7 @@ impl Default for ServerSection {
             listen: "127.0.0.1:8080".into(),
             admin_listen: "127.0.0.1:9090".into(),
             admin_token_env: String::new(),
+            admin_hosts: Vec::new(),
             replica_name_env: String::new(),
             threads: 2,
             keepalive_idle_s: 60,

@@ -60,6 +60,9 @@ pub struct ServerConfig {
     /// `server.admin_token_env`: the variable holding the admin writes' bearer token (`None`:
     /// admin writes are refused).
     pub admin_token_env: Option<String>,
+    /// `server.admin_hosts`, lower-cased: the names the admin listener answers besides IP
+    /// addresses and `localhost`.
+    pub admin_hosts: Vec<String>,
     /// `server.replica_name_env`: the variable holding this replica's stable name (`None`: no
     /// name). Read by `serve` (`ServerConfig::replica_name`), not by the other commands.
     pub replica_name_env: Option<String>,

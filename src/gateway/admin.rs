@@ -162,10 +162,68 @@ fn response(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>>
     r
 }
 
+/// Whether the admin listener answers a request with this `Host` header (`None`: none sent, as
+/// HTTP/1.0 tools do; a browser always sends one): an IP address, `localhost`, or a name of
+/// `server.admin_hosts`, with or without a port. A page served under another name that an
+/// attacker rebinds to this address (DNS rebinding) is refused.
+pub fn host_allowed(host: Option<&[u8]>, names: &[String]) -> bool {
+    let Some(host) = host else {
+        return true;
+    };
+    let Ok(host) = std::str::from_utf8(host) else {
+        return false;
+    };
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        // [v6]:port
+        match rest.split_once(']') {
+            Some((v6, port)) if port.is_empty() || port.starts_with(':') => {
+                return v6.parse::<std::net::Ipv6Addr>().is_ok() && port_ok(port.strip_prefix(':'));
+            }
+            _ => return false,
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) => {
+                if !port_ok(Some(port)) {
+                    return false;
+                }
+                name
+            }
+            None => host,
+        }
+    };
+    let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+    name.parse::<std::net::Ipv4Addr>().is_ok()
+        || name == "localhost"
+        || names.iter().any(|n| *n == name)
+}
+
+fn port_ok(port: Option<&str>) -> bool {
+    port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
 #[async_trait]
 impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let path = session.req_header().uri.path().to_string();
+        // Health checks answer whoever asks (orchestrators probe by any name); everything else
+        // only to the names this listener is reached by.
+        let hosts = session.req_header().headers.get_all(http::header::HOST);
+        let mut hosts = hosts.iter();
+        let host = hosts.next().map(|h| h.as_bytes());
+        let single = hosts.next().is_none();
+        if path != "/healthz"
+            && path != "/readyz"
+            && !(single && host_allowed(host, &self.state.config.server.admin_hosts))
+        {
+            let _ = session.drain_request_body().await;
+            return response(
+                421,
+                "application/json",
+                br#"{"code":"UNKNOWN_HOST","detail":"this admin listener answers its IP addresses, localhost and server.admin_hosts"}"#
+                    .to_vec(),
+            );
+        }
         let flag_write = path == "/flag" && session.req_header().method == http::Method::PUT;
         if flag_write || path == "/sales" || path.starts_with("/sales/") {
             let Some(body) = AdminApp::body(session).await else {
@@ -245,6 +303,44 @@ impl ServeHttp for AdminApp {
                 br#"{"code":"NOT_FOUND","detail":"admin endpoints: /healthz /readyz /metrics /sales /flag /console"}"#
                     .to_vec(),
             ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_allowed;
+
+    #[test]
+    fn ip_addresses_localhost_and_configured_names_only() {
+        let names = vec!["gateway-1".to_string()];
+        for ok in [
+            None,
+            Some("127.0.0.1"),
+            Some("127.0.0.1:9090"),
+            Some("10.1.2.3:9090"),
+            Some("[::1]:9090"),
+            Some("[::1]"),
+            Some("localhost:9090"),
+            Some("LOCALHOST"),
+            Some("gateway-1:9090"),
+            Some("Gateway-1."),
+        ] {
+            assert!(host_allowed(ok.map(str::as_bytes), &names), "{ok:?}");
+        }
+        for bad in [
+            "evil.example",
+            "evil.example:9090",
+            "127.0.0.1.evil.example",
+            "gateway-1.evil.example",
+            "localhost.evil",
+            "[::1]x",
+            "[zz]:1",
+            "127.0.0.1:99999x",
+            "127.0.0.1:",
+            "",
+        ] {
+            assert!(!host_allowed(Some(bad.as_bytes()), &names), "{bad:?}");
         }
     }
 }

@@ -133,11 +133,9 @@ fn admission_token(
     }
 }
 
-/// Whether new tokens are held back now (`admission_token`): within a tick and a second of the
-/// end of this replica's last outage, or after a rollback it learned of.
+/// Whether new tokens are held back now (`admission_token`, `failopen::Pacer::issue_held`).
 fn issuing_held(state: &AppState, now: Now) -> bool {
-    let grace = state.pacer.config().tick_ms.saturating_add(1000);
-    state.pacer.issue_held(now.epoch_ms) || state.store.outage_within(now.epoch_ms, grace)
+    state.store.issue_held(&state.pacer, now.epoch_ms)
 }
 
 /// Remembers a token this replica signed for an admission (`issued.rs`).
@@ -179,6 +177,13 @@ fn entry(status: EntryStatus) -> Reply {
 fn waiting_status(sale: SaleView, seq: u64, ahead: u64, now: Now) -> EntryStatus {
     let tick = std::time::Duration::from_millis(sale.tick_ms);
     let timeout = std::time::Duration::from_secs(sale.heartbeat_timeout_s);
+    if sale.lost {
+        // The sale's parameters are being written back (docs/state.md): a place shown now could
+        // be moved by a draw the stand-in does not know of.
+        return EntryStatus::WaitingDegraded {
+            poll_after_seconds: 1,
+        };
+    }
     if sale.prequeue_until_ms > 0 {
         // Pre-queued: no place until the draw. The ETA is the time to the opening and the wait
         // of a place drawn at random among the pre-queue's users (`ahead` counts those who
@@ -311,8 +316,9 @@ fn waiting_with_ticket(
     now: Now,
 ) -> Reply {
     let status = waiting_status(sale, seq, ahead, now);
-    if let EntryStatus::Prequeued { .. } = status {
-        // No ticket in the pre-queue: its seq is the order of arrival, which the draw discards.
+    if let EntryStatus::Prequeued { .. } | EntryStatus::WaitingDegraded { .. } = status {
+        // No ticket in the pre-queue (its seq is the order of arrival, which the draw discards),
+        // nor for a sale being written back (a draw may still move the place).
         return entry(status);
     }
     let ticket = mint_ticket(
@@ -537,10 +543,11 @@ async fn poll(
             Ok(entry(EntryStatus::Admitted { token, expires_at }))
         }
         Ok(PollOutcome::NotInQueue) => Err(ApiError::NotInQueue),
-        Ok(PollOutcome::Due) => Ok(entry(EntryStatus::WaitingDegraded {
-            poll_after_seconds: 1,
-        })
-        .retry_after(1)),
+        // Admitted, its token held back a moment (`admission_token`): first in line.
+        Ok(PollOutcome::Due { seq }) => {
+            let sale = sale_view(state, target, now).await;
+            Ok(waiting_with_ticket(state, sale, target, user, seq, 0, now))
+        }
         Err(e) => degraded(state, target, user, headers, &e),
     }
 }

@@ -248,7 +248,7 @@ pub async fn check(
         // Redis is down and this replica did not hand the token out: another replica may have
         // seen it spent (or will), and a local claim here would let it through once more. The
         // purchase waits; a retry reaches the replica that issued it, or the store once it is
-        // back (docs/failures.md: one use per token during an outage).
+        // back (docs/state.md: one use per token during an outage).
         Err(_) if !vouches(state, target, user, claims.expires_at, now.epoch_ms) => {
             Err(unconfirmed("claim_unvouched"))
         }

@@ -102,6 +102,10 @@ impl std::fmt::Debug for StoreGuard {
     }
 }
 
+/// How long after an outage in which replicas may have paced new tokens wait for them to record
+/// their paced admissions (they do within a probe period of the store answering).
+const PACED_RECORD_MS: u64 = 1000;
+
 fn epoch_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -150,15 +154,25 @@ impl StoreGuard {
         self.failed(Class::Request, "test", &StoreError::Timeout);
     }
 
-    /// Whether the store's request path failed within `window_ms` before `now_ms` (an outage in
-    /// progress, or one that ended that recently).
-    pub fn outage_within(&self, now_ms: u64, window_ms: u64) -> bool {
-        if self.degraded() || self.down_since.lock().is_some() {
-            return true;
+    /// Whether an outage of at least `min_ms` is in progress at `now_ms`, or ended less than
+    /// `window_ms` before it (shorter failures, such as a timeout under load, do not count).
+    pub fn long_outage_within(&self, now_ms: u64, min_ms: u64, window_ms: u64) -> bool {
+        if let Some((_, start)) = *self.down_since.lock() {
+            return now_ms.saturating_sub(start) >= min_ms;
         }
-        self.last_outage
-            .lock()
-            .is_some_and(|(_, end)| now_ms.saturating_sub(end) < window_ms)
+        self.last_outage.lock().is_some_and(|(start, end)| {
+            end.saturating_sub(start) >= min_ms && now_ms.saturating_sub(end) < window_ms
+        })
+    }
+
+    /// Whether new tokens are held back, and the pump admits nobody, at `now_ms`
+    /// (docs/state.md): after a rollback this replica learned of (every replica writes back
+    /// what it handed out), and for a second after an outage long enough for replicas to have
+    /// paced (they record their paced admissions in the store first). Admissions stop together
+    /// with the tokens, so no backlog of admitted users buys at once when the hold ends.
+    pub fn issue_held(&self, pacer: &crate::failopen::Pacer, now_ms: u64) -> bool {
+        pacer.issue_held(now_ms)
+            || self.long_outage_within(now_ms, pacer.config().pace_after_ms(), PACED_RECORD_MS)
     }
 
     /// When the store last answered any call of this replica (epoch ms; 0: never).

@@ -115,9 +115,12 @@ pub enum PollOutcome {
     },
     /// Never entered, left, evicted, or the token expired.
     NotInQueue,
-    /// Admitted, and no token issued yet: the caller's `Mint` held it back (right after an
-    /// outage or a rollback, while the replicas write back what they handed out, docs/state.md).
-    Due,
+    /// Admitted at place `seq`, and no token issued yet: the caller's `Mint` held it back
+    /// (right after a long outage or a rollback, while the replicas write back what they handed
+    /// out, docs/state.md).
+    Due {
+        seq: u64,
+    },
 }
 
 /// One call to the replica roster.
@@ -273,6 +276,8 @@ pub struct Advance {
     /// The losses of this target's state the scripts found and repaired so far
     /// (`queue:{T}:losses`: kind, count), docs/state.md. Always empty on the memory store.
     pub losses: Vec<(String, u64)>,
+    /// An operator deleted the sale lately: what was seen of its queue is no floor any more.
+    pub deleted: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -238,6 +238,7 @@ pub fn advance(v: Value) -> Result<Advance, StoreError> {
         tick_ms: num(6, "tick")?,
         seq: num(7, "seq")?,
         losses: losses(items.get(8).and_then(|v| v.as_string()).as_deref())?,
+        deleted: items.get(9).map_or(Ok(0), |v| as_u64(v, "deleted"))? == 1,
     })
 }
 

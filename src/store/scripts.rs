@@ -156,6 +156,9 @@ pub enum Key<'a> {
     /// Losses of the target's state found and repaired by the scripts (HASH kind -> count;
     /// named by the scripts themselves from the waiting key's prefix).
     Losses,
+    /// Set when an operator deletes the sale, for as long as its keys would have lived: its
+    /// queue state missing then is no loss (docs/state.md).
+    Deleted,
     Token(u64),
     Used(&'a str),
 }
@@ -191,6 +194,7 @@ impl TargetKeys {
             Key::Summary => format!("{p}summary"),
             Key::Ticks => format!("{p}ticks"),
             Key::Losses => format!("{p}losses"),
+            Key::Deleted => format!("{p}deleted"),
             Key::Token(user) => format!("{p}token:{user}"),
             Key::Used(token_id) => format!("{p}used:{token_id}"),
         }
@@ -250,12 +254,14 @@ impl TargetKeys {
         ]
     }
 
-    /// KEYS of advance.lua: the shared seven, the tick guard, the sale, the losses found.
+    /// KEYS of advance.lua: the shared seven, the tick guard, the sale, the losses found, the
+    /// deletion mark.
     pub fn advance_keys(&self) -> Vec<String> {
         let mut keys = self.shared_keys();
         keys.push(self.of(Key::LastAdvance));
         keys.push(self.of(Key::Sale));
         keys.push(self.of(Key::Losses));
+        keys.push(self.of(Key::Deleted));
         keys
     }
 
@@ -266,7 +272,8 @@ impl TargetKeys {
             .to_vec()
     }
 
-    /// KEYS of rejoin.lua: waiting, queued, seq, admitted_count, the user's token key, the sale.
+    /// KEYS of rejoin.lua: waiting, queued, seq, admitted_count, the user's token key, the sale,
+    /// the deletion mark.
     pub fn rejoin_keys(&self, user: u64) -> Vec<String> {
         [
             Key::Waiting,
@@ -275,6 +282,7 @@ impl TargetKeys {
             Key::AdmittedCount,
             Key::Token(user),
             Key::Sale,
+            Key::Deleted,
         ]
         .map(|k| self.of(k))
         .to_vec()

@@ -408,7 +408,7 @@ impl QueueStore for MemoryStore {
             };
             if seq <= t.admitted_count {
                 let Some(candidate) = mint() else {
-                    return PollOutcome::Due;
+                    return PollOutcome::Due { seq };
                 };
                 t.last_write_ms = now.epoch_ms;
                 let waited_ms = t.remove_waiter(user).map(|w| {
@@ -573,6 +573,7 @@ impl QueueStore for MemoryStore {
                 tick_ms,
                 seq,
                 losses: Vec::new(),
+                deleted: false,
             };
             if paused {
                 return result(AdvanceOutcome::Paused, t.admitted_count, 0);

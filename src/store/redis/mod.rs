@@ -303,6 +303,13 @@ impl RedisStore {
         self.seen.saw_sale(target, version);
     }
 
+    /// Forgets everything this replica saw of every sale: an operator emptied Redis on purpose
+    /// (a reset, a test between runs), so the next queues start from nothing instead of being
+    /// repaired up to the old ones.
+    pub fn forget_all_seen(&self) {
+        self.seen.forget_all();
+    }
+
     /// The sale is no longer registered: its absence is no loss any more.
     pub fn forget_sale(&self, target: QueueTarget) {
         self.seen.forget_sale(target);
@@ -467,7 +474,15 @@ impl QueueStore for RedisStore {
             // Admitted by the pump: sign the token now (once per user) and store it.
             PollReply::Due => {
                 let Some(candidate) = mint() else {
-                    return Ok(PollOutcome::Due);
+                    let key = TargetKeys::new(target).of(Key::Waiting);
+                    let seq = self
+                        .command("ZSCORE", vec![key.into(), user.to_string().into()])
+                        .await
+                        .map_err(store_err)?;
+                    return Ok(match seq.as_u64() {
+                        Some(seq) => PollOutcome::Due { seq },
+                        None => PollOutcome::NotInQueue,
+                    });
                 };
                 let token_ttl = candidate
                     .expires_at
@@ -672,9 +687,13 @@ impl QueueStore for RedisStore {
             d.heartbeat_timeout_s.to_string().into(),
         ];
         let adv = replies::advance(self.eval(&self.scripts.advance, keys, argv).await?)?;
-        let refreshed = adv.outcome == crate::store::AdvanceOutcome::Advanced;
-        self.seen
-            .saw(target, adv.seq, adv.admitted_count, refreshed, now_ms);
+        if adv.deleted {
+            self.seen.forget(target);
+        } else {
+            let refreshed = adv.outcome == crate::store::AdvanceOutcome::Advanced;
+            self.seen
+                .saw(target, adv.seq, adv.admitted_count, refreshed, now_ms);
+        }
         Ok(adv)
     }
 
@@ -702,7 +721,12 @@ impl QueueStore for RedisStore {
             .command("HGETALL", vec![key.into()])
             .await
             .map_err(store_err)?;
-        replies::sale(reply)
+        let sale = replies::sale(reply)?;
+        if let Some(s) = sale.as_ref().filter(|s| s.lost_at_ms == 0) {
+            // An operator's sale (version above 0): missing later, it is a loss (`seen.rs`).
+            self.seen.saw_sale(target, s.version);
+        }
+        Ok(sale)
     }
 
     async fn put_sale(
@@ -767,6 +791,19 @@ impl QueueStore for RedisStore {
         self.command("DEL", keys.into_iter().map(Value::from).collect())
             .await
             .map_err(store_err)?;
+        // For as long as its keys would have lived: a queue state missing now is no loss, and
+        // what other replicas remember of it is no floor (docs/state.md).
+        self.command(
+            "SET",
+            vec![
+                k.of(Key::Deleted).into(),
+                "1".into(),
+                "PX".into(),
+                KEY_TTL_MS.to_string().into(),
+            ],
+        )
+        .await
+        .map_err(store_err)?;
         self.command("SREM", vec![ACTIVE_KEY.into(), target.to_string().into()])
             .await
             .map_err(store_err)?;

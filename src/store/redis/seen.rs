@@ -102,6 +102,11 @@ impl Seen {
         self.entries.lock().remove(&target);
     }
 
+    /// Nothing is a floor any more (an operator emptied Redis on purpose).
+    pub fn forget_all(&self) {
+        self.entries.lock().clear();
+    }
+
     /// The sale's version is no floor any more (no longer registered), its queue's floors stay.
     pub fn forget_sale(&self, target: QueueTarget) {
         if let Some(e) = self.entries.lock().get_mut(&target) {
