@@ -193,9 +193,7 @@ pub fn host_allowed(host: Option<&[u8]>, names: &[String]) -> bool {
         }
     };
     let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
-    name.parse::<std::net::Ipv4Addr>().is_ok()
-        || name == "localhost"
-        || names.iter().any(|n| *n == name)
+    name.parse::<std::net::Ipv4Addr>().is_ok() || name == "localhost" || names.contains(&name)
 }
 
 fn port_ok(port: Option<&str>) -> bool {
