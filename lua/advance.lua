@@ -54,6 +54,31 @@ local function lost(kind)
   redis.call('PEXPIRE', losses_key, ttl)
 end
 
+-- Sets the queued bits of seqs from..to (a range of seqs handed out that Redis lost: their places
+-- may still stand, and their users take them back with their tickets, rejoin.lua). Whole bytes
+-- at once; at most 8M seqs.
+local function standing(key, from, to)
+  if to < from or to - from > 8388608 then
+    return
+  end
+  local s = from
+  while s <= to and s % 8 ~= 0 do
+    redis.call('SETBIT', key, s, 1)
+    s = s + 1
+  end
+  local bytes = math.floor((to - s + 1) / 8)
+  local offset = s / 8
+  while bytes > 0 do
+    local n = math.min(bytes, 4096)
+    redis.call('SETRANGE', key, offset, string.rep('\255', n))
+    offset, bytes, s = offset + n, bytes - n, s + 8 * n
+  end
+  while s <= to do
+    redis.call('SETBIT', key, s, 1)
+    s = s + 1
+  end
+end
+
 -- The state's invariants, repaired from what survives and from the caller's memory.
 local mark_floor, seq_floor = tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0
 local deleted = redis.call('EXISTS', KEYS[11])
@@ -61,6 +86,7 @@ if deleted == 1 then
   mark_floor, seq_floor = 0, 0
 end
 local mark_raw, seq_raw = redis.call('GET', KEYS[4]), redis.call('GET', KEYS[3])
+local restart_windows = false
 local top = tonumber(redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2] or '0')
 if tonumber(mark_raw or '0') < mark_floor then
   redis.call('SET', KEYS[4], string.format('%d', mark_floor), 'PX', ttl)
@@ -69,10 +95,20 @@ end
 local want_seq = math.max(seq_floor, top, mark_floor, tonumber(mark_raw or '0'))
 if tonumber(seq_raw or '0') < want_seq then
   redis.call('SET', KEYS[3], string.format('%d', want_seq), 'PX', ttl)
+  -- The seqs above what survives may still be places users hold (rejoin.lua).
+  -- (From what survived: places between the surviving mark and the repaired one were admitted,
+  -- and their users take them back as admitted, rejoin.lua.)
+  standing(KEYS[2], math.max(tonumber(seq_raw or '0'), tonumber(mark_raw or '0')) + 1, want_seq)
+  redis.call('PEXPIRE', KEYS[2], ttl)
   lost('seq')
+  restart_windows = true
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if restart_windows and redis.call('EXISTS', KEYS[9]) == 1 then
+  -- The heartbeats of the lost seqs went with them: the windows restart (sweep.lua).
+  redis.call('HSET', KEYS[9], 'windowSince', string.format('%d', now))
+end
 if redis.call('EXISTS', KEYS[9]) == 0 then
   local known = tonumber(ARGV[9]) or 0
   if deleted == 1 then

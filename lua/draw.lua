@@ -12,13 +12,15 @@
 --
 -- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:seq, KEYS[3] queue:{T}:sale,
 -- KEYS[4] queue:{T}:draw  LIST: the draw's order (user ids, first admitted first)
--- ARGV[1] "prepare" | "apply", ARGV[2] now (ms); apply: ARGV[3] drawSeq, ARGV[4..] user, seq
--- pairs in the draw's order
--- Reply: prepare: {"NOT_YET"} | {"DRAWN"} | {"ENTRANTS", drawSeq, seed, user, seq, ...};
+-- ARGV[1] "prepare" | "apply", ARGV[2] now (ms); apply: ARGV[3] drawSeq, ARGV[4] the seed (hex)
+-- the caller drew with, revealed in drawSeed; ARGV[5..] user, seq pairs in the draw's order
+-- Reply: prepare: {"NOT_YET"} | {"DRAWN"} | {"ENTRANTS", drawSeq, seed (a sale of an older
+--        version stored it; else ""), nonce, commitment, user, seq, ...};
 --        apply: {"APPLIED"} | {"STALE"} | {"DRAWN"}
 
 local call, mode, now = redis.call, ARGV[1], tonumber(ARGV[2])
-local sale = call('HMGET', KEYS[3], 'opensAt', 'drawnAt', 'drawSeq', 'drawSeed')
+local sale = call('HMGET', KEYS[3], 'opensAt', 'drawnAt', 'drawSeq', 'drawSeed', 'drawNonce',
+  'drawCommitment')
 local opens_at = tonumber(sale[1] or '0')
 if tonumber(sale[2] or '0') > 0 then
   return {'DRAWN'}
@@ -33,7 +35,8 @@ if mode == 'prepare' then
     draw_seq = tonumber(call('GET', KEYS[2]) or '0')
     call('HSET', KEYS[3], 'drawSeq', string.format('%d', draw_seq))
   end
-  local out = {'ENTRANTS', string.format('%d', draw_seq), sale[4] or ''}
+  local out = {'ENTRANTS', string.format('%d', draw_seq), sale[4] or '', sale[5] or '',
+    sale[6] or ''}
   local entrants = call('ZRANGEBYSCORE', KEYS[1], '-inf', draw_seq, 'WITHSCORES')
   for i = 1, #entrants do
     out[#out + 1] = entrants[i]
@@ -46,13 +49,13 @@ local draw_seq = ARGV[3]
 if tostring(sale[3]) ~= draw_seq then
   return {'STALE'}
 end
-local n = (#ARGV - 3) / 2
+local n = (#ARGV - 4) / 2
 if call('ZCOUNT', KEYS[1], '-inf', draw_seq) ~= n then
   return {'STALE'}
 end
 local users = {}
 for i = 1, n do
-  local user = ARGV[2 + 2 * i]
+  local user = ARGV[3 + 2 * i]
   local seq = call('ZSCORE', KEYS[1], user)
   if not seq or tonumber(seq) > tonumber(draw_seq) then
     return {'STALE'}
@@ -60,12 +63,12 @@ for i = 1, n do
   users[i] = user
 end
 for i = 1, n do
-  call('ZADD', KEYS[1], ARGV[3 + 2 * i], users[i])
+  call('ZADD', KEYS[1], ARGV[4 + 2 * i], users[i])
 end
 call('DEL', KEYS[4])
 for from = 1, n, 1000 do
   call('RPUSH', KEYS[4], unpack(users, from, math.min(n, from + 999)))
 end
 call('HSET', KEYS[3], 'drawnAt', ARGV[2], 'drawEntrants', string.format('%d', n),
-  'windowSince', ARGV[2])
+  'windowSince', ARGV[2], 'drawSeed', ARGV[4])
 return {'APPLIED'}

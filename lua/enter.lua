@@ -71,6 +71,31 @@ local function lost(kind)
   call('PEXPIRE', prefix .. 'losses', ttl)
 end
 
+-- Sets the queued bits of seqs from..to (a range of seqs handed out that Redis lost: their places
+-- may still stand, and their users take them back with their tickets, rejoin.lua). Whole bytes
+-- at once; at most 8M seqs.
+local function standing(key, from, to)
+  if to < from or to - from > 8388608 then
+    return
+  end
+  local s = from
+  while s <= to and s % 8 ~= 0 do
+    redis.call('SETBIT', key, s, 1)
+    s = s + 1
+  end
+  local bytes = math.floor((to - s + 1) / 8)
+  local offset = s / 8
+  while bytes > 0 do
+    local n = math.min(bytes, 4096)
+    redis.call('SETRANGE', key, offset, string.rep('\255', n))
+    offset, bytes, s = offset + n, bytes - n, s + 8 * n
+  end
+  while s <= to do
+    redis.call('SETBIT', key, s, 1)
+    s = s + 1
+  end
+end
+
 -- The sale: created from the caller's defaults by the first enter of a target nobody created.
 local sale_key = KEYS[8]
 local sale = call('HMGET', sale_key, 'maxCapacity', 'windowMs', 'prequeueOpensAt')
@@ -95,14 +120,16 @@ if (not seq_now or not window_ms) and call('EXISTS', prefix .. 'deleted') == 1 t
   remembered, known = 0, 0
 end
 local floor = math.max(remembered, tonumber(mark_now or '0'), tonumber(top or '0'))
-if not seq_now then
-  if floor > 0 then
-    call('SET', KEYS[3], string.format('%d', floor), 'PX', ttl)
-    lost('seq')
-  end
-elseif tonumber(seq_now) < floor then
-  -- Below a seq already handed out (rolled back, or a key set by hand): never reused.
+if (not seq_now and floor > 0) or (seq_now and tonumber(seq_now) < floor) then
+  -- Missing, or below a seq already handed out (rolled back, or set by hand): never reused.
+  -- The seqs above what survives may still be places users hold.
   call('SET', KEYS[3], string.format('%d', floor), 'PX', ttl)
+  standing(KEYS[2], math.max(tonumber(seq_now or '0'), tonumber(mark_now or '0')) + 1, floor)
+  call('PEXPIRE', KEYS[2], ttl)
+  -- Their heartbeats went with them: the windows restart, so nobody's silence is read into it.
+  if window_ms then
+    call('HSET', sale_key, 'windowSince', ARGV[1])
+  end
   lost('seq')
 end
 if not window_ms then

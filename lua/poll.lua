@@ -9,7 +9,9 @@
 -- target with waiting users keeps its keys while its pump runs.
 --
 -- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:admitted_count, KEYS[3] queue:{T}:sale (its
--- windowMs: the heartbeat window's width; the bitmap is queue:{T}:alive:{windowMs}:{now/windowMs})
+-- windowMs: the heartbeat window's width; the bitmap is queue:{T}:alive:{windowMs}:{now/windowMs}),
+-- KEYS[4] that bitmap as the caller names it from the width it last read (used when it is the
+-- one the sale's width names: the usual case; else the script names it)
 -- ARGV[1] now (ms), ARGV[2] the caller's default window width (a sale that does not exist: lost
 -- with Redis' data, until a replica writes it back), ARGV[2+i] userId i
 -- A user who is not waiting has its token read from queue:{T}:token:{userId}, a key named here
@@ -32,6 +34,11 @@ end
 local window_ms = tonumber(call('HGET', KEYS[3], 'windowMs') or ARGV[2])
 local window_key = string.match(waiting, '^(.*)waiting$') ..
   string.format('alive:%d:%d', window_ms, math.floor(now / window_ms))
+if KEYS[4] == window_key then
+  -- The caller named it right (its view of the sale's width is current): a declared key, which
+  -- a cluster moving this slot redirects like the others instead of refusing the script.
+  window_key = KEYS[4]
+end
 local scores = call('ZMSCORE', waiting, unpack(users))
 local token_prefix = string.match(waiting, '^(.*)waiting$') .. 'token:'
 local mark = tonumber(call('GET', KEYS[2]) or '0')

@@ -5,11 +5,12 @@
 -- taken in one step.
 --
 -- The place still stands only if nothing took it away: its bit in the queued bitmap is set
--- (leave, eviction and issue.lua clear it; a lost waiting set leaves it), or the bitmap never
--- reached that seq (it was handed out after the state Redis came back with). A seq another
--- user holds is never given twice. A seq above the counter proves the counter went back: it is
--- set forward. A place at or below the mark was admitted and not yet issued: the user is put
--- back and answered DUE, and the caller issues its token as for any admitted user.
+-- (leave, eviction and issue.lua clear it; a lost waiting set leaves it, and a repaired
+-- sequence sets the bits of the seqs Redis lost), or it is above the sequence counter, which
+-- proves the counter went back (it is set forward, and the seqs between marked as standing). A
+-- seq another user holds is never given twice. A place at or below the mark was admitted and
+-- not yet issued: the user is put back and answered DUE, and the caller issues its token as
+-- for any admitted user.
 --
 -- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:queued, KEYS[3] queue:{T}:seq,
 -- KEYS[4] queue:{T}:admitted_count, KEYS[5] queue:{T}:token:{userId}, KEYS[6] queue:{T}:sale,
@@ -34,14 +35,41 @@ end
 if call('EXISTS', KEYS[7]) == 1 then
   return {'NONE'}
 end
-local bytes = call('STRLEN', KEYS[2])
-local stands = seq >= bytes * 8 or call('GETBIT', KEYS[2], seq) == 1
-if seq < 1 or not stands or call('ZCOUNT', KEYS[1], seq, seq) > 0 then
+if seq < 1 or call('ZCOUNT', KEYS[1], seq, seq) > 0 then
   return {'NONE'}
 end
 local s = string.format('%d', seq)
-if tonumber(call('GET', KEYS[3]) or '0') < seq then
+local counter = tonumber(call('GET', KEYS[3]) or '0')
+if counter < seq then
+  -- The counter is behind a seq it handed out (signed in the ticket): Redis lost it or went
+  -- back in time. Every seq after what survives may be a place a user holds: their queued bits
+  -- are set, and the counter moves forward, so no seq is handed out twice and the other users
+  -- of those seqs take their places back too.
+  local from = math.max(counter, tonumber(call('GET', KEYS[4]) or '0')) + 1
+  if seq - from <= 8388608 then
+    -- Whole bytes at once (as enter.lua and advance.lua do).
+    local b = from
+    while b <= seq and b % 8 ~= 0 do
+      call('SETBIT', KEYS[2], b, 1)
+      b = b + 1
+    end
+    local bytes = math.floor((seq - b + 1) / 8)
+    local offset = b / 8
+    while bytes > 0 do
+      local n = math.min(bytes, 4096)
+      call('SETRANGE', KEYS[2], offset, string.rep('\255', n))
+      offset, bytes, b = offset + n, bytes - n, b + 8 * n
+    end
+    while b <= seq do
+      call('SETBIT', KEYS[2], b, 1)
+      b = b + 1
+    end
+  end
   call('SET', KEYS[3], s, 'PX', ARGV[5])
+  call('HINCRBY', string.match(KEYS[1], '^(.*)waiting$') .. 'losses', 'seq', 1)
+elseif call('GETBIT', KEYS[2], seq) == 0 then
+  -- Taken away (left, evicted, issued), or never there.
+  return {'NONE'}
 end
 call('ZADD', KEYS[1], s, user)
 call('SETBIT', KEYS[2], seq, 1)

@@ -27,8 +27,9 @@
 -- windowSince (when that width took effect: sweeps evict nobody until a whole timeout has passed
 -- since, as the heartbeats before it are in windows of the old width, which they no longer read).
 -- The schedule: opensAt and prequeueOpensAt (epoch ms, 0: none). The first merge that sets an
--- opening stores the draw's seed and its commitment (drawSeed, drawCommitment, given by the
--- caller as defaults); draw.lua writes drawSeq, drawnAt and drawEntrants.
+-- opening stores the draw's nonce and commitment (drawNonce, drawCommitment, given by the caller
+-- as defaults; it refuses without them): never the seed, which only the replicas can derive
+-- (src/draw.rs); draw.lua writes drawSeq, drawnAt, drawEntrants, and reveals drawSeed.
 -- An operator-written sale never expires (PERSIST); one an enter created expires with the
 -- target's keys.
 
@@ -97,7 +98,11 @@ if prequeue > 0 and (opens == 0 or prequeue > opens) then
   return {'REFUSED', 'prequeueOpensAt', 'must come before opensAt (set opensAt too)'}
 end
 if opens > 0 and (old['drawCommitment'] or '') == '' then
-  out['drawSeed'] = defaults['drawSeed']
+  if (defaults['drawCommitment'] or '') == '' then
+    return {'REFUSED', 'opensAt',
+      'an opening needs the token secret (token.secret_env) to commit to the draw: set it where this runs'}
+  end
+  out['drawNonce'] = defaults['drawNonce']
   out['drawCommitment'] = defaults['drawCommitment']
 end
 local old_window = tonumber(old['windowMs'])

@@ -3,9 +3,13 @@
 //! entrant list. No I/O.
 //!
 //! # The algorithm (`vq-draw-v1`), specified so that it can be reimplemented
-//! - **Seed**: 32 bytes from the operating system's CSPRNG, drawn when the sale's `opensAt` is
-//!   first set. Its **commitment**, the lowercase hex SHA-256 of the 32 bytes, is public from then
-//!   on; the seed (lowercase hex) is revealed once the draw has run.
+//! - **Seed**: 32 bytes fixed when the sale's `opensAt` is first set. Its **commitment**, the
+//!   lowercase hex SHA-256 of the 32 bytes, is public from then on; the seed (lowercase hex) is
+//!   revealed once the draw has run. With Redis the seed is never stored before the draw: a
+//!   random 16-byte nonce is, and the seed is HMAC-SHA256(draw key, `vq-draw-seed-v1|TYPE:ID|`
+//!   nonce in hex), the draw key being HMAC-SHA256(token secret, `vq-draw-key-v1`) (`DrawKeys`):
+//!   only the replicas, which hold the secret, can compute it; someone who can read Redis sees
+//!   the nonce and the commitment, and cannot grind user ids against an unknown seed.
 //! - **Entrants**: the user ids (unsigned 64-bit) of the users waiting at the draw, sorted
 //!   ascending. Sorted, not in arrival order: when a user entered the pre-queue makes no difference.
 //! - **Stream**: block `i` (i = 0, 1, 2, …) is `SHA-256(seed ‖ i as 8 bytes big-endian)`; each
@@ -25,6 +29,65 @@ use ring::digest;
 pub const ALGORITHM: &str = "vq-draw-v1: Fisher-Yates over the entrants sorted by user id, \
      uniform integers by rejection from the big-endian 64-bit words of SHA-256(seed || \
      u64be(block)); entrant k takes the k-th smallest entrant seq";
+
+/// The keys the seeds of draws are derived from (the module documentation): from the token
+/// secret, and from the previous one while it rotates, so a draw announced before a rotation
+/// still honours its commitment.
+#[derive(Clone)]
+pub struct DrawKeys {
+    current: Vec<u8>,
+    previous: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for DrawKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DrawKeys(..)")
+    }
+}
+
+impl DrawKeys {
+    pub fn from_token_keys(keys: &crate::token::TokenKeys) -> DrawKeys {
+        let (current, previous) = keys.derive(b"vq-draw-key-v1");
+        DrawKeys { current, previous }
+    }
+
+    fn seed_with(key: &[u8], target: &str, nonce_hex: &str) -> [u8; 32] {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+        let tag = ring::hmac::sign(
+            &key,
+            format!("vq-draw-seed-v1|{target}|{nonce_hex}").as_bytes(),
+        );
+        let mut seed = [0u8; 32];
+        seed.copy_from_slice(tag.as_ref());
+        seed
+    }
+
+    /// The seed of `target`'s draw (`TYPE:ID`) with `nonce_hex`, under the current key.
+    pub fn seed(&self, target: &str, nonce_hex: &str) -> [u8; 32] {
+        DrawKeys::seed_with(&self.current, target, nonce_hex)
+    }
+
+    /// The seed whose commitment is `commitment`, under the current key or the previous one;
+    /// `None` when neither gives it (the secret changed and the old one is not configured).
+    pub fn committed_seed(
+        &self,
+        target: &str,
+        nonce_hex: &str,
+        commitment_hex: &str,
+    ) -> Option<[u8; 32]> {
+        std::iter::once(&self.current)
+            .chain(self.previous.as_ref())
+            .map(|key| DrawKeys::seed_with(key, target, nonce_hex))
+            .find(|seed| commitment(seed) == commitment_hex)
+    }
+}
+
+/// A fresh nonce for a draw (`DrawKeys`), from the operating system's CSPRNG.
+pub fn new_nonce() -> Result<[u8; 16], ring::error::Unspecified> {
+    let mut nonce = [0u8; 16];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut nonce)?;
+    Ok(nonce)
+}
 
 /// A fresh seed from the operating system's CSPRNG.
 pub fn new_seed() -> Result<[u8; 32], ring::error::Unspecified> {
@@ -169,6 +232,30 @@ pub fn verify_export(json: &[u8]) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seeds_come_from_the_secret_and_survive_a_rotation() {
+        use crate::token::TokenKeys;
+        let old = DrawKeys::from_token_keys(&TokenKeys::new(&[1u8; 32], None));
+        let seed = old.seed("LIMITED_DROP:42", "00ff");
+        assert_eq!(seed, old.seed("LIMITED_DROP:42", "00ff"), "deterministic");
+        assert_ne!(seed, old.seed("LIMITED_DROP:43", "00ff"), "per sale");
+        assert_ne!(seed, old.seed("LIMITED_DROP:42", "00fe"), "per nonce");
+        let other = DrawKeys::from_token_keys(&TokenKeys::new(&[2u8; 32], None));
+        assert_ne!(seed, other.seed("LIMITED_DROP:42", "00ff"), "per secret");
+        let c = commitment(&seed);
+        assert_eq!(
+            old.committed_seed("LIMITED_DROP:42", "00ff", &c),
+            Some(seed)
+        );
+        assert_eq!(other.committed_seed("LIMITED_DROP:42", "00ff", &c), None);
+        let rotated = DrawKeys::from_token_keys(&TokenKeys::new(&[2u8; 32], Some(&[1u8; 32])));
+        assert_eq!(
+            rotated.committed_seed("LIMITED_DROP:42", "00ff", &c),
+            Some(seed),
+            "the previous secret still honours a commitment made with it"
+        );
+    }
 
     #[test]
     fn the_commitment_is_the_sha256_of_the_seed() {

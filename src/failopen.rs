@@ -513,9 +513,20 @@ impl Pacer {
         now_ms: u64,
         last_ok_ms: u64,
     ) -> Pace {
-        // A ticket at or below the mark proves a place that was admitted already (its user was
-        // served, or had its turn): it gives no precedence over users still waiting.
-        let seq = seq.filter(|s| self.marks.lock().get(&target).is_none_or(|mark| *s > *mark));
+        // A ticket at or below the mark proves a place that was admitted already: its user holds
+        // (or held) that admission's token, and is not admitted a second time.
+        if seq.is_some_and(|s| {
+            self.marks
+                .lock()
+                .get(&target)
+                .is_some_and(|mark| s <= *mark)
+        }) {
+            return if self.paced_slice(now_ms).is_some() {
+                Pace::Spent
+            } else {
+                Pace::Held
+            };
+        }
         let window = now_ms / self.cfg.tick_ms;
         // The store answered in this tick: the pump may have admitted its batch in it.
         let answered = last_ok_ms > 0 && window <= last_ok_ms / self.cfg.tick_ms;

@@ -48,11 +48,15 @@ async fn connect(config: &Config) -> Result<Arc<RedisStore>, OpsError> {
     let StoreBackend::Redis { url } = &config.store.backend else {
         return Err(OpsError::NotRedis);
     };
-    let store = Arc::new(
-        RedisStore::from_url(url, Duration::from_secs(2))
-            .map_err(|e| OpsError::Store(e.to_string()))?
-            .with_sale_defaults(config.sale_defaults()),
-    );
+    let mut store = RedisStore::from_url(url, Duration::from_secs(2))
+        .map_err(|e| OpsError::Store(e.to_string()))?
+        .with_sale_defaults(config.sale_defaults());
+    // With the token secret in the environment an opening can be set (its draw committed to);
+    // without it, `sale create|set opensAt=` is refused with a message saying so.
+    if let Ok(keys) = crate::server::load_keys(config) {
+        store = store.with_draw_keys(crate::draw::DrawKeys::from_token_keys(&keys));
+    }
+    let store = Arc::new(store);
     if !store.connect(CONNECT_WITHIN).await {
         return Err(OpsError::Unreachable(url.describe(), CONNECT_WITHIN));
     }

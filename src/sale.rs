@@ -74,8 +74,11 @@ pub struct Sale {
     pub prequeue_opens_at_ms: u64,
     /// The draw's public commitment (hex SHA-256 of the seed; empty without an opening).
     pub draw_commitment: String,
-    /// The draw's seed (hex), secret until the draw has run.
+    /// The draw's seed (hex), secret until the draw has run (with Redis: not stored before it,
+    /// derived by the replicas from `draw_nonce`, `draw::DrawKeys`).
     pub draw_seed: String,
+    /// The nonce the draw's seed is derived from (hex; empty: the seed is stored instead).
+    pub draw_nonce: String,
     /// When the draw ran (epoch ms; 0: not yet).
     pub drawn_at_ms: u64,
     /// The last seq of the pre-queue: set when the draw starts; later enters queue behind it.
@@ -126,6 +129,7 @@ impl SaleDefaults {
             prequeue_opens_at_ms: 0,
             draw_commitment: String::new(),
             draw_seed: String::new(),
+            draw_nonce: String::new(),
             drawn_at_ms: 0,
             draw_seq: 0,
             draw_entrants: 0,
@@ -376,6 +380,7 @@ impl Sale {
             ("prequeueOpensAt", self.prequeue_opens_at_ms.to_string()),
             ("drawCommitment", self.draw_commitment.clone()),
             ("drawSeed", self.draw_seed.clone()),
+            ("drawNonce", self.draw_nonce.clone()),
             ("drawnAt", self.drawn_at_ms.to_string()),
             ("drawSeq", self.draw_seq.to_string()),
             ("drawEntrants", self.draw_entrants.to_string()),
@@ -436,6 +441,7 @@ impl Sale {
             prequeue_opens_at_ms: opt("prequeueOpensAt")?,
             draw_commitment: map.get("drawCommitment").cloned().unwrap_or_default(),
             draw_seed: map.get("drawSeed").cloned().unwrap_or_default(),
+            draw_nonce: map.get("drawNonce").cloned().unwrap_or_default(),
             drawn_at_ms: opt("drawnAt")?,
             draw_seq: opt("drawSeq")?,
             draw_entrants: opt("drawEntrants")?,

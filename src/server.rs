@@ -157,7 +157,8 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
                 RedisStore::from_url(url, config.store.command_timeout)
                     .map_err(|e| StartError::Store(e.to_string()))?
                     .with_max_targets(max_targets)
-                    .with_sale_defaults(defaults),
+                    .with_sale_defaults(defaults)
+                    .with_draw_keys(crate::draw::DrawKeys::from_token_keys(&keys)),
             );
             redis_store = Some(store.clone());
             store

@@ -59,6 +59,18 @@ impl TokenKeys {
         }
     }
 
+    /// A key for another purpose, derived from the secrets: HMAC-SHA256 of `label` under the
+    /// current secret, and under the previous one while it rotates. The secrets themselves
+    /// never leave this type.
+    pub fn derive(&self, label: &[u8]) -> (Vec<u8>, Option<Vec<u8>>) {
+        (
+            hmac::sign(&self.current, label).as_ref().to_vec(),
+            self.previous
+                .as_ref()
+                .map(|k| hmac::sign(k, label).as_ref().to_vec()),
+        )
+    }
+
     fn mac_matches(&self, payload: &[u8], mac: &[u8]) -> bool {
         // ring's verify compares in constant time, so a forger learns nothing
         // from how quickly a guess is rejected.

@@ -371,6 +371,19 @@ fn degraded(
     // Read now, not when the request began: the store call that failed may have taken up to its
     // timeout, and the pacer's window and tick are about the moment of this decision.
     let now = now();
+    // A user this replica already signed a live token for holds that admission: the same token
+    // again, never a second admission (docs/state.md).
+    if let Some(at) = state.issued.get(target, user, now.epoch_ms / 1000) {
+        let held = token_expiring(state, target, user, at);
+        let status = EntryStatus::Admitted {
+            token: held.token,
+            expires_at: held.expires_at,
+        };
+        return Ok(Reply::json(
+            200,
+            &QueueEntryResponse::from(status).degraded(),
+        ));
+    }
     let last_ok_ms = state.store.last_ok_ms();
     // A ticket proves a place that stood when the store last answered: the outage's silence is
     // not held against it (the sweep credits it too).

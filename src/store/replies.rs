@@ -403,13 +403,26 @@ pub fn claim_take(v: Value) -> Result<super::ClaimTake, StoreError> {
     }
 }
 
+/// What `draw.lua` answered to "prepare", with the draw's stored seed (empty when only its
+/// nonce is stored), nonce and commitment.
+pub struct Prepared {
+    pub step: crate::store::DrawStep,
+    pub nonce: String,
+    pub commitment: String,
+}
+
 /// `draw.lua`'s answer to "prepare".
-pub fn draw_step(v: Value) -> Result<crate::store::DrawStep, StoreError> {
+pub fn draw_step(v: Value) -> Result<Prepared, StoreError> {
     use crate::store::DrawStep;
     let items = reply_array(v, "draw")?;
+    let bare = |step| Prepared {
+        step,
+        nonce: String::new(),
+        commitment: String::new(),
+    };
     match tag(&items).as_str() {
-        "NOT_YET" => Ok(DrawStep::NotYet),
-        "DRAWN" => Ok(DrawStep::Drawn),
+        "NOT_YET" => Ok(bare(DrawStep::NotYet)),
+        "DRAWN" => Ok(bare(DrawStep::Drawn)),
         "ENTRANTS" => {
             let draw_seq = as_u64(
                 items
@@ -417,18 +430,23 @@ pub fn draw_step(v: Value) -> Result<crate::store::DrawStep, StoreError> {
                     .ok_or_else(|| StoreError::Protocol("short draw reply".into()))?,
                 "draw seq",
             )?;
-            let seed = items.get(2).and_then(|v| v.as_string()).unwrap_or_default();
-            let mut entrants = Vec::with_capacity(items.len().saturating_sub(3) / 2);
-            for pair in items[3.min(items.len())..].chunks(2) {
+            let text = |i: usize| items.get(i).and_then(|v| v.as_string()).unwrap_or_default();
+            let (seed, nonce, commitment) = (text(2), text(3), text(4));
+            let mut entrants = Vec::with_capacity(items.len().saturating_sub(5) / 2);
+            for pair in items[5.min(items.len())..].chunks(2) {
                 let [user, seq] = pair else {
                     return Err(StoreError::Protocol("odd draw reply".into()));
                 };
                 entrants.push((as_u64(user, "draw user")?, as_u64(seq, "draw seq")?));
             }
-            Ok(DrawStep::Entrants {
-                draw_seq,
-                seed,
-                entrants,
+            Ok(Prepared {
+                step: DrawStep::Entrants {
+                    draw_seq,
+                    seed,
+                    entrants,
+                },
+                nonce,
+                commitment,
             })
         }
         _ => Err(StoreError::Protocol("unknown draw reply".into())),

@@ -235,6 +235,13 @@ impl TargetKeys {
         ]
     }
 
+    /// The heartbeat bitmap of the window holding `now_ms`, for windows `width_ms` wide (the
+    /// scripts name the same: `alive:{width}:{now / width}`).
+    pub fn window(&self, width_ms: u64, now_ms: u64) -> String {
+        let width = width_ms.max(1);
+        format!("{}alive:{width}:{}", self.prefix, now_ms / width)
+    }
+
     /// KEYS of issue.lua: the shared seven, the user's token key, and the sale.
     pub fn queue_keys(&self, user: u64) -> Vec<String> {
         let mut keys = self.shared_keys();

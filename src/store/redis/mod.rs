@@ -89,6 +89,9 @@ pub struct RedisStore {
     /// What this replica has seen of each target's seq, mark and sale version: the floors the
     /// scripts repair lost or rolled-back state up to (docs/state.md).
     seen: Arc<seen::Seen>,
+    /// The keys draw seeds are derived from (`draw::DrawKeys`; `None`: this process has no
+    /// token secret, and may not set an opening).
+    draw_keys: Option<crate::draw::DrawKeys>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -175,6 +178,7 @@ impl RedisStore {
             presence: presence::Presence::default(),
             presence_config,
             seen: Arc::new(seen::Seen::new(KEY_TTL_MS)),
+            draw_keys: None,
         })
     }
 
@@ -295,6 +299,36 @@ impl RedisStore {
         crate::sale::window_ms(self.defaults.heartbeat_timeout_s)
             .to_string()
             .into()
+    }
+
+    /// The keys draw seeds are derived from (the gateway's token secret).
+    pub fn with_draw_keys(mut self, keys: crate::draw::DrawKeys) -> RedisStore {
+        self.draw_keys = Some(keys);
+        self
+    }
+
+    /// The seed of `target`'s draw: the stored one (a sale written by an older version), or the
+    /// one derived from its nonce that matches its commitment.
+    fn draw_seed(
+        &self,
+        target: QueueTarget,
+        stored: String,
+        nonce: &str,
+        commitment: &str,
+    ) -> Result<String, StoreError> {
+        if !stored.is_empty() {
+            return Ok(stored);
+        }
+        let keys = self.draw_keys.as_ref().ok_or_else(|| {
+            StoreError::Unavailable("no token secret here to derive the draw's seed".into())
+        })?;
+        keys.committed_seed(&target.to_string(), nonce, commitment)
+            .map(|seed| crate::draw::hex(&seed))
+            .ok_or_else(|| {
+                StoreError::Protocol(
+                    "the draw's seed does not match its commitment under the token secret or the previous one (the secret changed since the opening was set: configure the old one as token.previous_secret_env)".into(),
+                )
+            })
     }
 
     /// A registered sale's version as the settings refresher read it: while it stays
@@ -457,9 +491,14 @@ impl QueueStore for RedisStore {
         let reply = batch::join(key, user, now.epoch_ms, || {
             let (caller, scripts) = (self.caller.clone(), self.scripts.clone());
             let window = self.default_window_arg();
+            let width = self
+                .seen
+                .window_ms(target)
+                .unwrap_or(crate::sale::window_ms(self.defaults.heartbeat_timeout_s));
             Box::new(move |users, now_ms| {
                 Box::pin(async move {
-                    let keys = TargetKeys::new(target).poll_keys();
+                    let mut keys = TargetKeys::new(target).poll_keys();
+                    keys.push(TargetKeys::new(target).window(width, now_ms));
                     let mut argv: Vec<Value> = vec![now_ms.to_string().into(), window];
                     argv.extend(users.iter().map(|u| u.to_string().into()));
                     let flat =
@@ -503,7 +542,11 @@ impl QueueStore for RedisStore {
                 replies::issue(issued)?
             }
         };
-        if let PollOutcome::Waiting { .. } = outcome {
+        if let PollOutcome::Waiting { seq, .. } = outcome {
+            // A waiting user's place: every replica learns the highest seq handed out from the
+            // polls it answers, whichever replica handed it out (the floor a lost or rolled-back
+            // sequence is repaired up to, `seen.rs`); the queue's keys live while users wait.
+            self.seen.saw(target, seq, 0, true, now.epoch_ms);
             // Users wait here: keep the target on the pump's list (at most every 10 s per
             // instance; it may have been retired as empty just before they entered).
             if let Err(e) = self.keep_active(target).await {
@@ -722,6 +765,9 @@ impl QueueStore for RedisStore {
             .await
             .map_err(store_err)?;
         let sale = replies::sale(reply)?;
+        if let Some(s) = &sale {
+            self.seen.saw_window(target, s.window_ms);
+        }
         if let Some(s) = sale.as_ref().filter(|s| s.lost_at_ms == 0) {
             // An operator's sale (version above 0): missing later, it is a loss (`seen.rs`).
             self.seen.saw_sale(target, s.version);
@@ -747,13 +793,23 @@ impl QueueStore for RedisStore {
                 argv.push(value.into());
             }
         }
-        // The draw's seed, should this change set the first opening (the script keeps a stored
-        // one).
-        let seed = crate::draw::new_seed()
-            .map_err(|_| StoreError::Unavailable("no randomness for the draw's seed".into()))?;
+        // The draw's nonce and commitment, should this change set the first opening (the script
+        // keeps stored ones, and refuses an opening without them): the seed itself is never
+        // stored before the draw (`draw::DrawKeys`).
+        let (nonce, commitment) = match &self.draw_keys {
+            Some(keys) => {
+                let nonce = crate::draw::new_nonce().map_err(|_| {
+                    StoreError::Unavailable("no randomness for the draw's nonce".into())
+                })?;
+                let nonce = crate::draw::hex(&nonce);
+                let seed = keys.seed(&target.to_string(), &nonce);
+                (nonce, crate::draw::commitment(&seed))
+            }
+            None => (String::new(), String::new()),
+        };
         for (field, value) in [
-            ("default:drawSeed", crate::draw::hex(&seed)),
-            ("default:drawCommitment", crate::draw::commitment(&seed)),
+            ("default:drawNonce", nonce),
+            ("default:drawCommitment", commitment),
         ] {
             argv.push(field.into());
             argv.push(value.into());
@@ -819,7 +875,19 @@ impl QueueStore for RedisStore {
     ) -> Result<crate::store::DrawStep, StoreError> {
         let keys = TargetKeys::new(target).draw_keys();
         let argv = vec!["prepare".into(), now.epoch_ms.to_string().into()];
-        replies::draw_step(self.eval(&self.scripts.draw, keys, argv).await?)
+        let prepared = replies::draw_step(self.eval(&self.scripts.draw, keys, argv).await?)?;
+        Ok(match prepared.step {
+            crate::store::DrawStep::Entrants {
+                draw_seq,
+                seed,
+                entrants,
+            } => crate::store::DrawStep::Entrants {
+                draw_seq,
+                seed: self.draw_seed(target, seed, &prepared.nonce, &prepared.commitment)?,
+                entrants,
+            },
+            other => other,
+        })
     }
 
     async fn apply_draw(
@@ -830,10 +898,31 @@ impl QueueStore for RedisStore {
         now: Now,
     ) -> Result<bool, StoreError> {
         let keys = TargetKeys::new(target).draw_keys();
+        // The seed the caller drew with, revealed with the order (derived again: the same sale,
+        // nonce and commitment give the same one).
+        let stored = self
+            .command(
+                "HMGET",
+                vec![
+                    TargetKeys::new(target).of(Key::Sale).into(),
+                    "drawSeed".into(),
+                    "drawNonce".into(),
+                    "drawCommitment".into(),
+                ],
+            )
+            .await
+            .map_err(store_err)?;
+        let fields: Vec<String> = reply_array(stored, "draw fields")?
+            .iter()
+            .map(|v| v.as_string().unwrap_or_default())
+            .collect();
+        let field = |i: usize| fields.get(i).cloned().unwrap_or_default();
+        let seed = self.draw_seed(target, field(0), &field(1), &field(2))?;
         let mut argv: Vec<Value> = vec![
             "apply".into(),
             now.epoch_ms.to_string().into(),
             draw_seq.to_string().into(),
+            seed.into(),
         ];
         for (user, seq) in places {
             argv.push(user.to_string().into());

@@ -39,6 +39,9 @@ pub struct Seen {
     /// this may have expired legitimately.
     fresh_ms: u64,
     entries: Mutex<HashMap<QueueTarget, Entry>>,
+    /// Each sale's heartbeat window width as last read: polls name the window's bitmap as a
+    /// declared key (`poll.lua`). Bounded like the entries.
+    windows: Mutex<HashMap<QueueTarget, u64>>,
 }
 
 impl Seen {
@@ -46,7 +49,22 @@ impl Seen {
         Seen {
             fresh_ms: key_ttl_ms.saturating_sub(60_000),
             entries: Mutex::new(HashMap::new()),
+            windows: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The sale's heartbeat window width as last read.
+    pub fn window_ms(&self, target: QueueTarget) -> Option<u64> {
+        self.windows.lock().get(&target).copied()
+    }
+
+    /// The sale's heartbeat window width was read.
+    pub fn saw_window(&self, target: QueueTarget, width_ms: u64) {
+        let mut windows = self.windows.lock();
+        if windows.len() >= MAX_TARGETS && !windows.contains_key(&target) {
+            windows.clear();
+        }
+        windows.insert(target, width_ms);
     }
 
     /// The floors of `target` at `now_ms`.
