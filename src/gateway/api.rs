@@ -375,7 +375,7 @@ fn degraded(
     // again, never a second admission (docs/state.md).
     if let Some(at) = state.issued.get(target, user, now.epoch_ms / 1000) {
         let held = token_expiring(state, target, user, at);
-        let status = EntryStatus::Admitted {
+        let status = EntryStatus::DirectAdmitted {
             token: held.token,
             expires_at: held.expires_at,
         };

@@ -93,7 +93,7 @@ struct User {
     id: u64,
     entered: bool,
     seq: Option<u64>,
-    /// The queue ticket of the last enter answer, sent back with every poll.
+    /// The queue ticket of the last waiting answer, sent back with every poll.
     ticket: Option<String>,
     token: Option<String>,
     waiting_ms: Option<u64>,

@@ -445,8 +445,9 @@ async fn play(
         }
     };
     let mut step = Step::Enter;
-    // The queue ticket of the last enter answer, sent back with every poll: it gives the user
-    // precedence over fresh arrivals while the store is down.
+    // The queue ticket of the last waiting answer, sent back with every poll: it gives the user
+    // precedence over fresh arrivals while the store is down, and its place back if the store
+    // lost it.
     let mut ticket: Option<String> = None;
     loop {
         let pause = match step {
@@ -506,6 +507,9 @@ async fn play(
                     step = admitted(ctx, t, token, direct);
                     Duration::ZERO
                 } else if a.is_waiting() {
+                    if let Some(tk) = a.body["queueTicket"].as_str() {
+                        ticket = Some(tk.to_string());
+                    }
                     if a.position().is_some() {
                         t.last_waiting_sent_ms = Some(a.sent_ms);
                         t.last_heartbeat_ms = Some(a.sent_ms);
