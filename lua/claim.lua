@@ -10,10 +10,15 @@
 -- KEYS[1] queue:{T}:used:{tokenId}  HASH state ("pending" | "spent" | "free"), owner (the
 --         purchase attempt's id), attempts, lease (Redis ms the pending claim holds until).
 --         A string there is a claim of an older version (SET NX): spent.
+-- KEYS[2] queue:{T}:spent  ZSET tokenId -> Redis ms until which it is kept: every spent token of
+--         the sale, a second record of the spend (docs/state.md: the loss of either key alone
+--         never lets a spent token buy again); trimmed of expired tokens at each spend.
+--         Optional (a caller of the version before passes only KEYS[1]).
 -- ARGV[1] "take" | "spend" | "give" | "undo" (give back an attempt that never reached the
 --         backend: it does not count) | "renew"
 -- ARGV[2] the purchase attempt's id, ARGV[3] the key's TTL (ms: until the token has expired on
---         every instance), ARGV[4] the lease (ms), ARGV[5] max attempts
+--         every instance), ARGV[4] the lease (ms), ARGV[5] max attempts, ARGV[6] the token id
+--         (the member of KEYS[2])
 -- Reply: take: {"TAKEN", attempts} | {"SPENT", attempts} | {"IN_FLIGHT", attempts}
 --        | {"EXHAUSTED", attempts}; the others: 1 when they changed the claim, else 0.
 --        A take by the attempt that already holds the pending claim (a retried call whose
@@ -24,6 +29,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local op, owner = ARGV[1], ARGV[2]
 local ttl, lease = tonumber(ARGV[3]), tonumber(ARGV[4])
 local kind = redis.call('TYPE', KEYS[1])['ok']
+local spent_elsewhere = KEYS[2] and redis.call('ZSCORE', KEYS[2], ARGV[6] or '') and true
 
 if kind == 'string' then
   if op == 'take' then return {'SPENT', 1} end
@@ -35,7 +41,7 @@ local attempts = tonumber(h[3] or '0')
 local live = state == 'pending' and tonumber(h[4] or '0') > now
 
 if op == 'take' then
-  if state == 'spent' then return {'SPENT', attempts} end
+  if state == 'spent' or spent_elsewhere then return {'SPENT', math.max(attempts, 1)} end
   if live then
     if holder == owner then
       redis.call('HSET', KEYS[1], 'lease', now + lease)
@@ -58,6 +64,11 @@ if op == 'spend' then
   redis.call('HDEL', KEYS[1], 'lease')
   if attempts == 0 then redis.call('HSET', KEYS[1], 'attempts', 1) end
   if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
+  if KEYS[2] then
+    redis.call('ZADD', KEYS[2], 'GT', now + ttl, ARGV[6])
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+    if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
+  end
   return 1
 end
 

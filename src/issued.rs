@@ -42,6 +42,11 @@ impl Issued {
             .filter(|at| *at > now_s)
     }
 
+    /// The user left the queue: its token is not answered again from here.
+    pub fn forget(&self, target: QueueTarget, user: u64) {
+        self.tokens.lock().remove(&(target, user));
+    }
+
     /// Every live token remembered: (sale, user, expiry).
     pub fn live(&self, now_s: u64) -> Vec<(QueueTarget, u64, u64)> {
         self.tokens

@@ -74,8 +74,11 @@ pub struct Metrics {
     pub refused_connections: IntCounterVec,
     /// `virtual_queue_store_data_loss_total{state}`: run-time settings documents (`flag`,
     /// `targets`) and sales (`sale`) found missing or older than this replica had read them
-    /// (`settings.rs`, `background.rs`): Redis
-    /// restarted empty, failed over to a replica that missed writes, or was flushed.
+    /// (`settings.rs`, `background.rs`); a sale's queue state the scripts found missing or
+    /// behind and repaired (`queue_seq`, `queue_mark`, `queue_waiting`, `queue_heartbeats`,
+    /// `sale_stand_in`, reported by the pump); and a Redis that went back in time (`rollback`,
+    /// from the replica roster's clock). Redis restarted empty, failed over to a replica that
+    /// missed writes, was flushed, or a key was deleted (docs/state.md).
     pub data_loss: IntCounterVec,
     /// `virtual_queue_flag_known`: 1 once this replica knows the run-time flag (read from Redis,
     /// or the file's with the memory store); 0 while it is unknown and everyone queues.

@@ -1756,3 +1756,40 @@ async fn redis_urls_with_a_user_password_and_database() {
         1
     );
 }
+
+/// A spend is recorded twice (the token's claim and the sale's spent tokens): losing either key
+/// alone never lets the spent token through again (docs/state.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_token_stays_spent_when_either_of_its_records_is_lost() {
+    let redis = RedisServer::start();
+    let s = connected_redis(&redis).await;
+    let t = QueueTarget::new(TargetType::LimitedDrop, 42);
+    let terms = ClaimTerms {
+        ttl: Duration::from_secs(300),
+        lease: Duration::from_secs(5),
+        max_attempts: 10,
+    };
+    for (id, lost) in [("aa01", "used:aa01"), ("aa02", "spent")] {
+        assert!(matches!(
+            s.claim(t, id, "p1", terms, now()).await.unwrap(),
+            ClaimTake::Taken { .. }
+        ));
+        assert!(s
+            .settle(t, id, "p1", Settle::Spend, terms, now())
+            .await
+            .unwrap());
+        redis.cmd(&["DEL", &format!("queue:{{LIMITED_DROP:42}}:{lost}")]);
+        assert!(
+            matches!(
+                s.claim(t, id, "p2", terms, now()).await.unwrap(),
+                ClaimTake::Spent
+            ),
+            "spent token {id} taken again after losing {lost}"
+        );
+    }
+    // A token never spent is taken as before.
+    assert!(matches!(
+        s.claim(t, "aa03", "p3", terms, now()).await.unwrap(),
+        ClaimTake::Taken { .. }
+    ));
+}

@@ -527,6 +527,25 @@ async fn poll(
             outcome = state.store.rejoin(target, user, seq, now, &mint).await;
         }
     }
+    if let Ok(PollOutcome::NotInQueue) = outcome {
+        // An admitted user whose token the store lost: the token this replica signed for it,
+        // written back and answered again (docs/state.md).
+        if let Some(at) = state.issued.get(target, user, now.epoch_ms / 1000) {
+            let held = token_expiring(state, target, user, at);
+            if state
+                .store
+                .record_paced(target, user, &held, now)
+                .await
+                .is_ok()
+            {
+                outcome = Ok(PollOutcome::Admitted {
+                    token: held.token,
+                    expires_at: held.expires_at,
+                    waited_ms: None,
+                });
+            }
+        }
+    }
     match outcome {
         Ok(PollOutcome::Waiting { seq, ahead }) => {
             let sale = sale_view(state, target, now).await;
@@ -566,6 +585,7 @@ async fn poll(
 }
 
 async fn leave(state: &AppState, target: QueueTarget, user: u64) -> Result<Reply, ApiError> {
+    state.issued.forget(target, user);
     // A failure is counted by the guard; the user stops polling either way and the pump evicts
     // them once the store is back.
     let _ = state.store.leave(target, user).await;

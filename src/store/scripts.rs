@@ -156,6 +156,9 @@ pub enum Key<'a> {
     /// Losses of the target's state found and repaired by the scripts (HASH kind -> count;
     /// named by the scripts themselves from the waiting key's prefix).
     Losses,
+    /// The sale's spent tokens (`claim.lua`): a second record of each spend beside its
+    /// `used:{token}` hash.
+    Spent,
     /// Set when an operator deletes the sale, for as long as its keys would have lived: its
     /// queue state missing then is no loss (docs/state.md).
     Deleted,
@@ -195,6 +198,7 @@ impl TargetKeys {
             Key::Ticks => format!("{p}ticks"),
             Key::Losses => format!("{p}losses"),
             Key::Deleted => format!("{p}deleted"),
+            Key::Spent => format!("{p}spent"),
             Key::Token(user) => format!("{p}token:{user}"),
             Key::Used(token_id) => format!("{p}used:{token_id}"),
         }

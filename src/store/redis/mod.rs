@@ -266,15 +266,17 @@ impl RedisStore {
         op: &str,
         terms: ClaimTerms,
     ) -> Result<Value, StoreError> {
-        let key = TargetKeys::new(target).of(Key::Used(token_id));
+        let k = TargetKeys::new(target);
+        let keys = vec![k.of(Key::Used(token_id)), k.of(Key::Spent)];
         let argv = vec![
             op.into(),
             owner.into(),
             millis(terms.ttl).max(1).to_string().into(),
             millis(terms.lease).max(1).to_string().into(),
             terms.max_attempts.to_string().into(),
+            token_id.into(),
         ];
-        self.eval(&self.scripts.claim, vec![key], argv).await
+        self.eval(&self.scripts.claim, keys, argv).await
     }
 
     pub fn with_sale_defaults(mut self, defaults: SaleDefaults) -> RedisStore {
