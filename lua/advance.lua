@@ -36,7 +36,8 @@
 -- replica saw is set back to their maximum, so no seq is handed out twice; a sale an operator
 -- had set (a replica read a version above 0) found missing is recreated paused and marked
 -- `lost`, and nobody is admitted from made-up parameters until a replica writes back the one
--- it read; one an enter had made from the defaults is made again from them.
+-- it read; one an enter had made from the defaults is made again from them. A repaired mark or
+-- seq holds the sale for two ticks and a second (holdUntil in KEYS[10]): see below.
 --   outcome: "ADVANCED" | "GUARDED" (too soon after the last advance: 0.95 of the sale's tick;
 --   the 5th element says how long until the next advance is allowed) | "IDLE" (nobody to admit)
 --   | "PAUSED" (the sale's state is paused: nobody is admitted, everyone keeps their place)
@@ -88,9 +89,11 @@ end
 local mark_raw, seq_raw = redis.call('GET', KEYS[4]), redis.call('GET', KEYS[3])
 local restart_windows = false
 local top = tonumber(redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2] or '0')
+local repaired = false
 if tonumber(mark_raw or '0') < mark_floor then
   redis.call('SET', KEYS[4], string.format('%d', mark_floor), 'PX', ttl)
   lost('mark')
+  repaired = true
 end
 local want_seq = math.max(seq_floor, top, mark_floor, tonumber(mark_raw or '0'))
 if tonumber(seq_raw or '0') < want_seq then
@@ -102,9 +105,11 @@ if tonumber(seq_raw or '0') < want_seq then
   redis.call('PEXPIRE', KEYS[2], ttl)
   lost('seq')
   restart_windows = true
+  repaired = true
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
 if restart_windows and redis.call('EXISTS', KEYS[9]) == 1 then
   -- The heartbeats of the lost seqs went with them: the windows restart (sweep.lua).
   redis.call('HSET', KEYS[9], 'windowSince', string.format('%d', now))
@@ -135,7 +140,9 @@ local function losses()
   local flat = redis.call('HGETALL', losses_key)
   local parts = {}
   for i = 1, #flat, 2 do
-    parts[#parts + 1] = flat[i] .. '=' .. flat[i + 1]
+    if flat[i] ~= 'holdUntil' then
+      parts[#parts + 1] = flat[i] .. '=' .. flat[i + 1]
+    end
   end
   return table.concat(parts, ',')
 end
@@ -144,6 +151,17 @@ local sale = redis.call('HMGET', KEYS[9], 'batchSize', 'tickMs', 'state', 'opens
 local batch_size = tonumber(sale[1] or ARGV[4])
 local tick_ms = tonumber(sale[2] or ARGV[5])
 local batch = math.floor(batch_size * share_ppm / 1000000)
+-- What was lost with the mark or the seq may include tokens signed and claims spent: every
+-- replica learns of the loss at its next registration (the pump reports it to the roster) and
+-- writes back what it remembers. Until then (two ticks and a second) nobody is admitted and no
+-- token is signed (issue.lua reads holdUntil).
+if repaired then
+  redis.call('HSET', losses_key, 'holdUntil', string.format('%d', now + 2 * tick_ms + 1000))
+  redis.call('PEXPIRE', losses_key, ttl)
+end
+if tonumber(redis.call('HGET', losses_key, 'holdUntil') or '0') > now then
+  batch = 0
+end
 
 -- A slice's users in tick `tick` (share.rs: cells of a 64-tick frame, ticks bit-reversed).
 local UNIT, FRAME = 1000000, 64

@@ -131,6 +131,11 @@ if (not seq_now and floor > 0) or (seq_now and tonumber(seq_now) < floor) then
     call('HSET', sale_key, 'windowSince', ARGV[1])
   end
   lost('seq')
+  -- Tokens signed in what was lost may be gone too: none is signed anew until every replica
+  -- has learned of the loss and written back its own (issue.lua, advance.lua: two ticks and a
+  -- second).
+  local tick_ms = tonumber(call('HGET', sale_key, 'tickMs') or ARGV[4])
+  call('HSET', prefix .. 'losses', 'holdUntil', string.format('%d', now + 2 * tick_ms + 1000))
 end
 if not window_ms then
   capacity = tonumber(ARGV[5])

@@ -38,6 +38,7 @@
 -- ARGV[9] min replicas, ARGV[10] presence: "" none, "classic" or "shard" (the subscription kind)
 -- KEYS[5] {queue:instances}:clock    HASH n (registrations counted), rollbacks (same slot)
 -- ARGV[11] the highest n this instance was answered (0: none), ARGV[12] the rollbacks it knows
+--          (one more than it was told: a loss it found, which every replica learns as one)
 -- Reply: {live, recent, legacy users per tick held back, "start:end,..." slices held back,
 --         recorded "start:end", desired "start:end", largest credit, retired (1: this id was
 --         retired by a newer instance with its name), presence seen (1/0), members dropped as
@@ -253,6 +254,11 @@ if KEYS[5] then
     clock_n = seen_n + 1
     rollbacks = math.max(rollbacks, known_rollbacks) + 1
     redis.call('HSET', KEYS[5], 'n', clock_n, 'rollbacks', rollbacks)
+  elseif known_rollbacks > rollbacks then
+    -- A replica reports more rollbacks than the roster holds: one it found itself (a sale's
+    -- state behind what it saw), or a count this key lost.
+    rollbacks = known_rollbacks
+    redis.call('HSET', KEYS[5], 'rollbacks', rollbacks)
   end
 end
 return {redis.call('ZCOUNT', KEYS[1], now - live_window, '+inf'), redis.call('ZCARD', KEYS[1]),

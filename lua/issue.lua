@@ -5,12 +5,15 @@
 -- waiting set and the queued bitmap, records the wait, and refreshes the target's key TTL.
 --
 -- KEYS[1..7] the target's shared keys (as enter.lua), KEYS[8] queue:{T}:token:{userId},
--- KEYS[9] queue:{T}:sale (its windowMs names the heartbeat bitmap, as in poll.lua)
+-- KEYS[9] queue:{T}:sale (its windowMs names the heartbeat bitmap, as in poll.lua),
+-- KEYS[10] queue:{T}:losses (its holdUntil: advance.lua found the sale's state behind what a
+-- replica saw, and every replica is writing back the tokens it signed: none is signed anew
+-- before that time, docs/state.md)
 -- ARGV[1] userId, ARGV[2] now (ms), ARGV[3] candidate "expiresAt|token", ARGV[4] token TTL (s),
 -- ARGV[5] key TTL (ms), ARGV[6] how many wait samples to keep, ARGV[7] the caller's default
 -- window width (ms), for a sale that does not exist
 -- Reply: {"ADMITTED", "expiresAt|token"[, waited ms when this call issued it]}
---      | {"WAITING", seq, rank} | {"NONE"}
+--      | {"WAITING", seq, rank} | {"HELD", seq} (admitted; no token before holdUntil) | {"NONE"}
 --
 -- `allow-oom`: see poll.lua (only users already in the waiting room are touched).
 
@@ -32,6 +35,10 @@ if tonumber(seq) > tonumber(redis.call('GET', KEYS[4]) or '0') then
     string.format('alive:%d:%d', window_ms, math.floor(tonumber(now) / window_ms))
   redis.call('SETBIT', window_key, seq, 1)
   return {'WAITING', seq, redis.call('ZRANK', KEYS[1], user)}
+end
+
+if KEYS[10] and tonumber(redis.call('HGET', KEYS[10], 'holdUntil') or '0') > tonumber(now) then
+  return {'HELD', seq}
 end
 
 redis.call('SET', KEYS[8], candidate, 'EX', token_ttl)

@@ -19,7 +19,9 @@
 -- user's token key cost each call's users a key of ~35 bytes to send, parse and convert. It has
 -- the hash tag of KEYS[1], so it is in the same cluster slot.
 -- Reply: one flat array holding each user's reply in order, a tag and its fields (as enter.lua):
---   "WAITING", seq, rank | "DUE" | "ADMITTED", "expiresAt|token" | "NONE"
+--   "WAITING", seq, rank, mark | "DUE" | "ADMITTED", "expiresAt|token" | "NONE"
+--   (the mark with every waiting answer: every replica learns it, not only the pump's, so a
+--   queue ticket at or below it gives no admission while the store is down, failopen.rs)
 --
 -- `allow-oom`: under maxmemory this script still runs (Redis refuses plain writes then). It only
 -- refreshes state of users already in the waiting room, so a full Redis keeps the queue moving
@@ -63,8 +65,8 @@ for i = 1, #users do
     -- (which also creates the next window's ahead of time), so a poll only sets the bit.
     beats[b + 1], beats[b + 2], beats[b + 3], beats[b + 4] = 'SET', 'u1', seq, '1'
     b = b + 4
-    out[o + 1], out[o + 2], out[o + 3] = 'WAITING', seq, call('ZRANK', waiting, users[i])
-    o = o + 3
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 'WAITING', seq, call('ZRANK', waiting, users[i]), mark
+    o = o + 4
   end
 end
 if b > 0 then

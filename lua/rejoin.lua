@@ -7,7 +7,8 @@
 -- The place still stands only if nothing took it away: its bit in the queued bitmap is set
 -- (leave, eviction and issue.lua clear it; a lost waiting set leaves it, and a repaired
 -- sequence sets the bits of the seqs Redis lost), or it is above the sequence counter, which
--- proves the counter went back (it is set forward, and the seqs between marked as standing). A
+-- proves the counter went back (it is set forward, the seqs between marked as standing, and the
+-- heartbeat windows restarted). A
 -- seq another user holds is never given twice. A place at or below the mark was admitted and
 -- not yet issued: the user is put back and answered DUE, and the caller issues its token as
 -- for any admitted user.
@@ -66,7 +67,18 @@ if counter < seq then
     end
   end
   call('SET', KEYS[3], s, 'PX', ARGV[5])
-  call('HINCRBY', string.match(KEYS[1], '^(.*)waiting$') .. 'losses', 'seq', 1)
+  local losses = string.match(KEYS[1], '^(.*)waiting$') .. 'losses'
+  call('HINCRBY', losses, 'seq', 1)
+  -- As enter.lua and advance.lua do when they repair the counter: the heartbeats of the lost
+  -- seqs went with them, so the windows restart (a sweep would read their silence and take
+  -- the standing places away before their users come back), and no token is signed for two
+  -- ticks and a second while the replicas write back the ones they signed.
+  if call('EXISTS', KEYS[6]) == 1 then
+    call('HSET', KEYS[6], 'windowSince', string.format('%d', now))
+  end
+  local tick_ms = tonumber(call('HGET', KEYS[6], 'tickMs') or '1000')
+  call('HSET', losses, 'holdUntil', string.format('%d', now + 2 * tick_ms + 1000))
+  call('PEXPIRE', losses, ARGV[5])
 elseif call('GETBIT', KEYS[2], seq) == 0 then
   -- Taken away (left, evicted, issued), or never there.
   return {'NONE'}

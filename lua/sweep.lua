@@ -31,6 +31,9 @@
 -- so silence in them proves nothing: the windows restart (windowSince = now, nobody is evicted
 -- for a timeout) and the loss is counted in queue:{T}:losses as `alive` (kept 30 min, as the
 -- target's keys).
+-- The queued bitmap found missing while users wait (deleted, or lost with Redis' data) is made
+-- again from the waiting set, and the loss counted as `queued`: without it nobody silent would
+-- ever be evicted, and a place lost with the waiting set could not be taken back (rejoin.lua).
 -- Reply: number of users evicted
 --
 -- `allow-oom`: under maxmemory this script still runs (Redis refuses plain writes then). It only
@@ -82,6 +85,29 @@ if sale[1] then
 end
 
 local queued_bytes = redis.call('STRLEN', KEYS[2])
+if queued_bytes == 0 and redis.call('EXISTS', KEYS[1]) == 1 then
+  local at = 0
+  while true do
+    local chunk = redis.call('ZRANGE', KEYS[1], at, at + 999, 'WITHSCORES')
+    if #chunk == 0 then
+      break
+    end
+    local bits = {}
+    for i = 2, #chunk, 2 do
+      bits[#bits + 1], bits[#bits + 2], bits[#bits + 3], bits[#bits + 4] = 'SET', 'u1', chunk[i], '1'
+    end
+    redis.call('BITFIELD', KEYS[2], unpack(bits))
+    at = at + 1000
+  end
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl > 0 then
+    redis.call('PEXPIRE', KEYS[2], ttl)
+  end
+  local losses = prefix_of_target .. 'losses'
+  redis.call('HINCRBY', losses, 'queued', 1)
+  redis.call('PEXPIRE', losses, 1800000)
+  queued_bytes = redis.call('STRLEN', KEYS[2])
+end
 if queued_bytes == 0 or max <= 0 then
   return 0
 end

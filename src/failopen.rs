@@ -204,6 +204,9 @@ struct RosterClock {
     /// New tokens are held back until then (epoch ms): every replica writes back what it
     /// handed out first.
     hold_until_ms: u64,
+    /// A sale's state was found behind what this replica saw (`report_loss`): the next
+    /// registration tells every replica, as a rollback.
+    signal: bool,
 }
 
 /// This replica's standing in the replica roster, as far as it knows.
@@ -218,6 +221,8 @@ struct Registration {
     desired: Slice,
     /// When the last registration Redis confirmed was sent (epoch ms).
     confirmed_ms: Option<u64>,
+    /// When the confirmed registration before that one was sent (epoch ms; 0: none).
+    confirmed_before_ms: u64,
     /// When the last registration attempt was sent (epoch ms).
     attempted_ms: u64,
 }
@@ -302,10 +307,21 @@ impl Pacer {
         }
     }
 
-    /// The highest roster clock this replica was answered, and the rollbacks it knows.
+    /// The highest roster clock this replica was answered, and the rollbacks it reports: the
+    /// ones it knows, one more while a loss it found is to be told (`report_loss`).
     pub fn roster_clock(&self) -> (u64, u64) {
         let c = self.clock.lock();
-        (c.seen, c.rollbacks.unwrap_or(0))
+        let known = c.rollbacks.unwrap_or(0);
+        (c.seen, known + u64::from(c.signal && c.rollbacks.is_some()))
+    }
+
+    /// A sale's sequence or mark was found behind what a replica saw (the scripts repaired it):
+    /// part of Redis went back in time, or a key was lost. Every replica is told as of a
+    /// rollback (`instances.lua` takes the higher count), and each writes back the claims it
+    /// spent and the tokens it signed: a shard of a cluster can fail over behind while the
+    /// roster's shard does not.
+    pub fn report_loss(&self) {
+        self.clock.lock().signal = true;
     }
 
     /// A registration answered the roster's clock and rollbacks (0 and 0: not kept): true when
@@ -319,6 +335,7 @@ impl Pacer {
         let new = c.rollbacks.is_some_and(|known| rollbacks > known);
         c.rollbacks = Some(c.rollbacks.unwrap_or(0).max(rollbacks));
         if new {
+            c.signal = false;
             c.pending = true;
             // Every replica learns of it at its next registration (within a tick) and writes
             // back within a probe period.
@@ -330,6 +347,27 @@ impl Pacer {
     /// Whether new tokens are held back after a rollback (`saw_roster_clock`).
     pub fn issue_held(&self, now_ms: u64) -> bool {
         now_ms < self.clock.lock().hold_until_ms
+    }
+
+    /// Whether new tokens wait because a connection to the store broke at `broke_ms` (0:
+    /// never): what answers since may be a server that went back in time, and a replica that
+    /// signed tokens in the lost seconds writes them back only once it learns of the rollback.
+    /// The wait ends when two registrations sent after the break are confirmed: every other
+    /// replica registers once a tick, so by then each has registered since the store came
+    /// back, and a rollback any of them found is known here (`saw_roster_clock`, which holds
+    /// tokens on until the write-backs are done). It ends anyway four ticks (and command
+    /// timeouts) after the break: a replica that cannot register paces instead.
+    pub fn unsure_after_break(&self, broke_ms: u64, now_ms: u64) -> bool {
+        if broke_ms == 0 {
+            return false;
+        }
+        let settled = self.registration.lock().confirmed_before_ms > broke_ms;
+        let limit = self
+            .cfg
+            .tick_ms
+            .saturating_add(self.cfg.call_timeout_ms)
+            .saturating_mul(4);
+        !settled && now_ms < broke_ms.saturating_add(limit)
     }
 
     /// Takes a pending write-back after a rollback (`saw_roster_clock`).
@@ -456,7 +494,13 @@ impl Pacer {
         let mut r = self.registration.lock();
         r.slice = recorded;
         r.desired = desired;
-        r.confirmed_ms = Some(r.confirmed_ms.unwrap_or(0).max(sent_ms));
+        match r.confirmed_ms {
+            Some(last) if sent_ms <= last => {}
+            last => {
+                r.confirmed_before_ms = last.unwrap_or(0);
+                r.confirmed_ms = Some(sent_ms);
+            }
+        }
         self.replicas.store(replicas, Ordering::Relaxed);
     }
 
@@ -498,7 +542,8 @@ impl Pacer {
     }
 
     /// Whether `user` of `target` may be let through now; `seq` is the seq of its queue ticket,
-    /// if it showed a valid one. Users who were waiting come first, lowest seq first: a ticket
+    /// if it showed a valid one. Only the users this replica's slice owns are (`Slice::owns`):
+    /// the others belong to another replica, or to nobody while their slice's replica is gone. Users who were waiting come first, lowest seq first: a ticket
     /// holder is let through while fewer holders with a lower seq, seen here within the last tick
     /// and not let through, wait than the tick's share has left; users without a ticket only get
     /// what the holders left, in the second half of a tick (degraded answers send holders back at
@@ -513,6 +558,12 @@ impl Pacer {
         now_ms: u64,
         last_ok_ms: u64,
     ) -> Pace {
+        let pacing = self.paced_slice(now_ms);
+        let not_now = if pacing.is_some() {
+            Pace::Spent
+        } else {
+            Pace::Held
+        };
         // A ticket at or below the mark proves a place that was admitted already: its user holds
         // (or held) that admission's token, and is not admitted a second time.
         if seq.is_some_and(|s| {
@@ -521,16 +572,19 @@ impl Pacer {
                 .get(&target)
                 .is_some_and(|mark| s <= *mark)
         }) {
-            return if self.paced_slice(now_ms).is_some() {
-                Pace::Spent
-            } else {
-                Pace::Held
-            };
+            return not_now;
+        }
+        // Each user belongs to one replica's slice (`Slice::owns`; the roster keeps the slices
+        // disjoint): only that replica lets it through, so a user gets one token however many
+        // replicas it asks, and each token is claimed where it was signed (`gate.rs`).
+        let mine = pacing.unwrap_or_else(|| self.registration.lock().slice);
+        if !mine.owns(user) {
+            return not_now;
         }
         let window = now_ms / self.cfg.tick_ms;
         // The store answered in this tick: the pump may have admitted its batch in it.
         let answered = last_ok_ms > 0 && window <= last_ok_ms / self.cfg.tick_ms;
-        let share = match self.paced_slice(now_ms) {
+        let share = match pacing {
             Some(slice) if !slice.is_empty() && !answered => {
                 Some(self.share_for(target, slice, window))
             }
@@ -779,13 +833,14 @@ mod tests {
             })
             .collect();
         let mut each = [0usize; 3];
-        let mut user = 0u64;
+        let mut users: Vec<std::collections::VecDeque<u64>> =
+            (0..3).map(|k| owned(seat(k), 64 * 5).into()).collect();
         for tick in 0..64u64 {
             let now = PACING - PACING % 1000 + tick * 1000 + 1;
             let mut in_tick = 0;
             for (k, p) in pacers.iter().enumerate() {
                 for _ in 0..5 {
-                    user += 1;
+                    let user = users[k].pop_front().unwrap();
                     if p.try_admit(t(1), user, now, 0) == Pace::Admitted {
                         each[k] += 1;
                         in_tick += 1;
@@ -798,29 +853,73 @@ mod tests {
         assert_eq!(each.iter().sum::<usize>(), 128, "{each:?}");
     }
 
+    /// The first `n` users `slice` owns.
+    fn owned(slice: Slice, n: usize) -> Vec<u64> {
+        (0..).filter(|u| slice.owns(*u)).take(n).collect()
+    }
+
     #[test]
     fn admits_at_most_the_share_per_tick_and_target() {
         let p = cut_off(1000, 10, 2);
+        let users = owned(seat0(2), 200);
         let now = PACING;
-        let admitted = (0..100u64)
+        let admitted: Vec<u64> = users[..100]
+            .iter()
+            .copied()
             .filter(|u| p.try_admit(t(1), *u, now, 0) == Pace::Admitted)
-            .count();
-        assert_eq!(admitted, 5);
+            .collect();
+        assert_eq!(admitted.len(), 5);
         assert_eq!(
-            p.try_admit(t(2), 1, now + 10, 0),
+            p.try_admit(t(2), users[0], now + 10, 0),
             Pace::Admitted,
             "another target has its own budget"
         );
-        assert_eq!(p.try_admit(t(1), 500, now + 999, 0), Pace::Spent);
+        assert_eq!(p.try_admit(t(1), users[99], now + 999, 0), Pace::Spent);
         assert_eq!(
-            p.try_admit(t(1), 3, now + 999, 0),
+            p.try_admit(t(1), admitted[2], now + 999, 0),
             Pace::Admitted,
             "an admitted user again"
         );
-        let next = (100..200u64)
-            .filter(|u| p.try_admit(t(1), *u, now + 1000, 0) == Pace::Admitted)
+        let next = users[100..]
+            .iter()
+            .filter(|u| p.try_admit(t(1), **u, now + 1000, 0) == Pace::Admitted)
             .count();
         assert_eq!(next, 5, "a new tick, a new budget");
+    }
+
+    /// Two replicas cut off at once, every user asking both: each user is let through by the
+    /// replica its slice belongs to, never by the other, and the two together keep the batch.
+    #[test]
+    fn a_user_is_let_through_only_by_the_replica_that_owns_it() {
+        let half = |k: u32| Slice::new(k * 500_000, (k + 1) * 500_000);
+        let pacers: Vec<Pacer> = (0..2)
+            .map(|k| {
+                let p = Pacer::new(config(1000, 6, 1));
+                p.registering(half(k), 0);
+                p.registered(half(k), half(k), 0, 2);
+                p
+            })
+            .collect();
+        let mut by: HashMap<u64, Vec<usize>> = HashMap::new();
+        for tick in 0..20u64 {
+            let now = PACING - PACING % 1000 + tick * 1000 + 600;
+            let mut in_tick = 0;
+            for user in 0..200u64 {
+                for (k, p) in pacers.iter().enumerate() {
+                    if p.try_admit(t(1), user, now, 0) == Pace::Admitted {
+                        let replicas = by.entry(user).or_default();
+                        if !replicas.contains(&k) {
+                            replicas.push(k);
+                            in_tick += 1;
+                        }
+                        assert!(half(k as u32).owns(user), "user {user} let through by {k}");
+                    }
+                }
+            }
+            assert!(in_tick <= 6, "tick {tick}: {in_tick} new users");
+        }
+        assert_eq!(by.len(), 120, "six a tick for 20 ticks");
+        assert!(by.values().all(|r| r.len() == 1));
     }
 
     #[test]
@@ -1016,6 +1115,48 @@ mod tests {
         );
         let d = decide(&p, FailOpenMode::Paced, false, t(1), 3, || None, 500_000, 0);
         assert_eq!(d.outcome, "held", "after the pacing window");
+    }
+
+    #[test]
+    fn tokens_wait_after_a_broken_connection_until_two_registrations_since() {
+        let p = Pacer::new(config(1000, 10, 1));
+        assert!(!p.unsure_after_break(0, 5_000), "never broke");
+        p.registered(Slice::WHOLE, Slice::WHOLE, 1_000, 1);
+        p.registered(Slice::WHOLE, Slice::WHOLE, 2_000, 1);
+        assert!(
+            p.unsure_after_break(2_500, 2_600),
+            "broke after the last one"
+        );
+        p.registered(Slice::WHOLE, Slice::WHOLE, 3_000, 1);
+        assert!(
+            p.unsure_after_break(2_500, 3_100),
+            "one since: another replica may not have registered since"
+        );
+        p.registered(Slice::WHOLE, Slice::WHOLE, 2_900, 1);
+        assert!(
+            p.unsure_after_break(2_500, 3_100),
+            "an older answer counts not"
+        );
+        p.registered(Slice::WHOLE, Slice::WHOLE, 4_000, 1);
+        assert!(!p.unsure_after_break(2_500, 4_100), "two since");
+        // Without registrations it ends four ticks and command timeouts after the break.
+        assert!(p.unsure_after_break(10_000, 14_599));
+        assert!(!p.unsure_after_break(10_000, 14_600));
+    }
+
+    #[test]
+    fn a_loss_found_here_is_reported_to_the_roster_as_a_rollback() {
+        let p = Pacer::new(config(1000, 10, 1));
+        assert!(!p.saw_roster_clock(5, 0, 1_000));
+        p.report_loss();
+        assert_eq!(p.roster_clock(), (5, 1), "one rollback more than known");
+        assert!(
+            p.saw_roster_clock(6, 1, 2_000),
+            "the roster took it: learned as a rollback"
+        );
+        assert!(p.issue_held(2_100));
+        assert!(p.take_rollback(), "this replica writes back too");
+        assert_eq!(p.roster_clock(), (6, 1), "reported once");
     }
 
     #[test]

@@ -76,7 +76,7 @@ pub struct Metrics {
     /// `targets`) and sales (`sale`) found missing or older than this replica had read them
     /// (`settings.rs`, `background.rs`); a sale's queue state the scripts found missing or
     /// behind and repaired (`queue_seq`, `queue_mark`, `queue_waiting`, `queue_heartbeats`,
-    /// `sale_stand_in`, reported by the pump); and a Redis that went back in time (`rollback`,
+    /// `queue_queued`, `sale_stand_in`, reported by the pump); and a Redis that went back in time (`rollback`,
     /// from the replica roster's clock). Redis restarted empty, failed over to a replica that
     /// missed writes, was flushed, or a key was deleted (docs/state.md).
     pub data_loss: IntCounterVec,

@@ -295,7 +295,7 @@ impl Pump {
                 .inc();
             tracing::error!(
                 rollbacks = replicas.rollbacks,
-                "Redis went back in time (a failover to a replica that missed writes, or a restart from an old snapshot): writing back the spent claims and issued tokens this replica remembers"
+                "Redis went back in time (a failover to a replica that missed writes, a restart from an old snapshot), or a replica found a sale's sequence or mark behind what it saw: writing back the spent claims and issued tokens this replica remembers"
             );
         }
         if replicas.retired {
@@ -575,11 +575,17 @@ impl Pump {
             if new == 0 {
                 continue;
             }
+            if matches!(kind.as_str(), "seq" | "mark") {
+                // Behind what a replica saw: tokens signed and claims spent in the lost part may
+                // be gone too; every replica writes back what it remembers (as after a rollback).
+                self.pacer.report_loss();
+            }
             let label = match kind.as_str() {
                 "seq" => "queue_seq",
                 "mark" => "queue_mark",
                 "waiting" => "queue_waiting",
                 "alive" => "queue_heartbeats",
+                "queued" => "queue_queued",
                 "sale" => "sale_stand_in",
                 _ => "queue_other",
             };
@@ -592,6 +598,7 @@ impl Pump {
                 "mark" => "the admission mark was missing or behind: set back to the highest this replica saw",
                 "waiting" => "waiting users were missing: put back at the places their queue tickets prove",
                 "alive" => "the heartbeat windows were missing: restarted (nobody is evicted for a heartbeat timeout)",
+                "queued" => "the bitmap of waiting seqs was missing: made again from the waiting set",
                 "sale" => "the sale's parameters were missing next to its queue: it is paused until a replica writes them back or an operator sets them",
                 _ => "state was missing",
             };

@@ -82,6 +82,14 @@ impl Slice {
         upto(hi) - upto(lo)
     }
 
+    /// Whether `user`'s point of the unit (`point_of`) lies in this slice. The roster's slices
+    /// are disjoint, so while replicas pace each user belongs to one of them at most: the only
+    /// replica that may let it through (`failopen.rs`).
+    pub fn owns(&self, user: u64) -> bool {
+        let p = point_of(user);
+        self.start <= p && p < self.end
+    }
+
     /// Parses `start:end` (millionths), as the roster and `advance.lua` write it.
     pub fn parse(s: &str) -> Option<Slice> {
         let (a, b) = s.split_once(':')?;
@@ -99,6 +107,18 @@ impl fmt::Display for Slice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.start, self.end)
     }
+}
+
+/// Where `user` lies in the unit (millionths): the same on every replica and every version, and
+/// spread evenly (ids handed out in order land all over the unit), so a slice of width `w` owns
+/// about `w` of any crowd's users (`Slice::owns`).
+pub fn point_of(user: u64) -> u32 {
+    // A 64-bit mix (splitmix64's finaliser): every input bit moves every output bit.
+    let mut z = user.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z % u64::from(UNIT)) as u32
 }
 
 /// `x`'s low `FRAME_BITS` bits in reverse order.
@@ -160,6 +180,25 @@ mod tests {
         assert_eq!(ticks.len(), 22);
         let longest_gap = ticks.windows(2).map(|w| w[1] - w[0]).max().unwrap();
         assert!(longest_gap <= 4, "{ticks:?}");
+    }
+
+    #[test]
+    fn every_user_belongs_to_one_seat_and_seats_own_their_part() {
+        for n in [1u32, 2, 3, 7] {
+            let seats: Vec<Slice> = (0..n).map(|k| seat(k, n)).collect();
+            let mut owned = vec![0u64; n as usize];
+            for user in 0..30_000u64 {
+                let owners: Vec<usize> = (0..n as usize).filter(|k| seats[*k].owns(user)).collect();
+                assert_eq!(owners.len(), 1, "user {user}, {n} seats: {owners:?}");
+                owned[owners[0]] += 1;
+            }
+            let even = 30_000 / u64::from(n);
+            for got in owned {
+                assert!(got.abs_diff(even) < even / 20, "{n} seats: {got} of {even}");
+            }
+        }
+        assert!(!Slice::EMPTY.owns(1));
+        assert_eq!(point_of(42), point_of(42), "the same everywhere");
     }
 
     #[test]

@@ -1793,3 +1793,51 @@ async fn a_spent_token_stays_spent_when_either_of_its_records_is_lost() {
         ClaimTake::Taken { .. }
     ));
 }
+
+/// Redis lost the queue's counter, waiting set and heartbeat windows (back from a snapshot taken
+/// before these users entered). The first user back with its ticket holds the highest seq: the
+/// counter moves forward to it and the seqs below are marked standing. The heartbeat windows
+/// restart with it, so a sweep right after evicts none of the standing places (their users'
+/// heartbeats were lost, not missing), and each user takes its place back at its next poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn places_taken_back_above_a_lost_counter_outlive_the_next_sweep() {
+    let redis = RedisServer::start();
+    let s = connected_redis(&redis).await;
+    let t = QueueTarget::new(TargetType::LimitedDrop, 48);
+    for user in 1..=10 {
+        enter(s.as_ref(), t, user).await;
+    }
+    let prefix = "queue:{LIMITED_DROP:48}";
+    for key in redis
+        .cmd(&["KEYS", &format!("{prefix}:alive:*")])
+        .as_vec()
+        .iter()
+        .filter_map(|k| k.as_str())
+    {
+        redis.cmd(&["DEL", &key]);
+    }
+    for key in ["waiting", "seq", "queued"] {
+        redis.cmd(&["DEL", &format!("{prefix}:{key}")]);
+    }
+    let mint = || Some(candidate("x"));
+    let back = s.rejoin(t, 10, 10, now(), &mint).await.unwrap();
+    assert!(
+        matches!(back, PollOutcome::Waiting { seq: 10, .. }),
+        "{back:?}"
+    );
+    // Long after the sale's timeout as the windows would have it, with no credit.
+    assert_eq!(s.sweep(t, 0, 100, at(1_000)).await.unwrap(), 0);
+    for user in 1..10 {
+        let back = s.rejoin(t, user, user, now(), &mint).await.unwrap();
+        assert!(
+            matches!(back, PollOutcome::Waiting { seq, .. } if seq == user),
+            "user {user}: {back:?}"
+        );
+    }
+    assert_eq!(
+        redis
+            .cmd(&["HGET", &format!("{prefix}:losses"), "seq"])
+            .as_int(),
+        1
+    );
+}

@@ -384,6 +384,11 @@ fn degraded(
             &QueueEntryResponse::from(status).degraded(),
         ));
     }
+    // The highest mark any answer of the store showed this replica (the pump's steps, and the
+    // polls of waiting users): a ticket at or below it proves a place already admitted.
+    state
+        .pacer
+        .set_mark(target, state.store.inner().mark_seen(target, now.epoch_ms));
     let last_ok_ms = state.store.last_ok_ms();
     // A ticket proves a place that stood when the store last answered: the outage's silence is
     // not held against it (the sweep credits it too).

@@ -17,7 +17,7 @@ use crate::identity::IdentityError;
 use crate::queue::QueueTarget;
 use crate::routing::gated::GatedPath;
 use crate::store::Now;
-use crate::store::{ClaimTake, ClaimTerms, QueueStore, StoreError};
+use crate::store::{ClaimTake, ClaimTerms, QueueStore, Settle, StoreError};
 use crate::token::{verify, MAX_TOKEN_LEN};
 
 /// The clock difference between instances the gate allows for: how far in the future a token
@@ -211,6 +211,25 @@ pub async fn check(
     };
     let owner = claim_owner();
     match claim_in_store(state, target, &id, &owner, held_until).await {
+        // The store answers again after an outage, a broken connection or a rollback: the claims
+        // other replicas spent meanwhile may not be written back yet (docs/state.md), and this
+        // could be such a token's second use. The claim is given back and the purchase waits
+        // until the write-backs are done (at most a few ticks).
+        Ok(ClaimTake::Taken { .. })
+            if state
+                .store
+                .issue_held(&state.pacer, crate::clock::now().epoch_ms) =>
+        {
+            let now = crate::clock::now();
+            let terms = claim_terms(state, held_until, now.epoch_ms / 1000);
+            let undo = state
+                .store
+                .settle(target, &id, &owner, Settle::Undo, terms, now);
+            if undo.await.is_err() {
+                tracing::debug!(%target, "giving back a held claim failed: its lease runs out");
+            }
+            Err(unconfirmed("claim_held"))
+        }
         Ok(ClaimTake::Taken { .. }) => {
             state
                 .claims

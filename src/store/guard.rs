@@ -166,12 +166,15 @@ impl StoreGuard {
     }
 
     /// Whether new tokens are held back, and the pump admits nobody, at `now_ms`
-    /// (docs/state.md): after a rollback this replica learned of (every replica writes back
-    /// what it handed out), and for a second after an outage long enough for replicas to have
-    /// paced (they record their paced admissions in the store first). Admissions stop together
-    /// with the tokens, so no backlog of admitted users buys at once when the hold ends.
+    /// (docs/state.md): after a connection to the store broke, until this replica would have
+    /// learned of a rollback (`Pacer::unsure_after_break`); after a rollback it learned of
+    /// (every replica writes back what it handed out); and for a second after an outage long
+    /// enough for replicas to have paced (they record their paced admissions in the store
+    /// first). Admissions stop together with the tokens, so no backlog of admitted users buys
+    /// at once when the hold ends.
     pub fn issue_held(&self, pacer: &crate::failopen::Pacer, now_ms: u64) -> bool {
         pacer.issue_held(now_ms)
+            || pacer.unsure_after_break(self.inner.connection_broke_ms(), now_ms)
             || self.long_outage_within(now_ms, pacer.config().pace_after_ms(), PACED_RECORD_MS)
     }
 

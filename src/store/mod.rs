@@ -728,4 +728,16 @@ pub trait QueueStore: Send + Sync + 'static {
     fn last_reply_ms(&self) -> u64 {
         0
     }
+
+    /// The highest admission mark of `target` this replica read from the store, while it is
+    /// still a floor (0: none, or a store that keeps no such memory).
+    fn mark_seen(&self, _target: QueueTarget, _now_ms: u64) -> u64 {
+        0
+    }
+
+    /// When a connection to the store last broke or failed to open (epoch ms; 0: never, or a
+    /// store without connections): what answers after it may be a server that went back in time.
+    fn connection_broke_ms(&self) -> u64 {
+        0
+    }
 }

@@ -118,7 +118,7 @@ pub fn enter_fields(tag: &str) -> Option<usize> {
 /// How many fields follow each tag of `poll.lua`'s flat reply.
 pub fn poll_fields(tag: &str) -> Option<usize> {
     match tag {
-        "WAITING" => Some(2),
+        "WAITING" => Some(3),
         "ADMITTED" => Some(1),
         "DUE" | "NONE" => Some(0),
         _ => None,
@@ -157,14 +157,22 @@ pub enum PollReply {
     Due,
 }
 
-/// One user's `poll.lua` reply (see [`per_user`]): `{"WAITING", seq, rank} | {"DUE"} |
-/// {"ADMITTED", "expiresAt|token"} | {"NONE"}`.
-pub fn poll(v: Value) -> Result<PollReply, StoreError> {
+/// One user's `poll.lua` reply (see [`per_user`]): `{"WAITING", seq, rank, mark} | {"DUE"} |
+/// {"ADMITTED", "expiresAt|token"} | {"NONE"}`, and the mark a waiting answer read (0 else).
+pub fn poll(v: Value) -> Result<(PollReply, u64), StoreError> {
     let items = reply_array(v, "poll")?;
     if tag(&items) == "DUE" {
-        return Ok(PollReply::Due);
+        return Ok((PollReply::Due, 0));
     }
-    outcome(items, "poll").map(PollReply::Outcome)
+    let mark = match tag(&items).as_str() {
+        "WAITING" => items
+            .get(3)
+            .map(|v| as_u64(v, "mark"))
+            .transpose()?
+            .unwrap_or(0),
+        _ => 0,
+    };
+    outcome(items, "poll").map(|o| (PollReply::Outcome(o), mark))
 }
 
 /// `issue.lua`: `{"ADMITTED", "expiresAt|token"[, waited ms]} | {"WAITING", seq, rank} |
@@ -189,6 +197,14 @@ fn outcome(items: Vec<Value>, what: &str) -> Result<PollOutcome, StoreError> {
             })
         }
         "NONE" => Ok(PollOutcome::NotInQueue),
+        // Admitted, and no token is signed now (issue.lua: the sale's state was repaired).
+        "HELD" => Ok(PollOutcome::Due {
+            seq: items
+                .get(1)
+                .map(|v| as_u64(v, "held seq"))
+                .transpose()?
+                .unwrap_or(0),
+        }),
         _ => Err(StoreError::Protocol(format!("unknown {what} reply"))),
     }
 }
@@ -584,28 +600,39 @@ mod tests {
             "WAITING".into(),
             "9".into(),
             Value::Integer(4),
+            Value::Integer(7),
             "DUE".into(),
             "ADMITTED".into(),
             "1700|tok".into(),
             "NONE".into(),
         ];
         let users = per_user(flat, poll_fields, "poll").unwrap();
-        let decoded: Vec<PollReply> = users.into_iter().map(|u| poll(u).unwrap()).collect();
+        let decoded: Vec<(PollReply, u64)> = users.into_iter().map(|u| poll(u).unwrap()).collect();
         assert_eq!(
             decoded,
             vec![
-                PollReply::Outcome(PollOutcome::Waiting { seq: 9, ahead: 4 }),
-                PollReply::Due,
-                PollReply::Outcome(PollOutcome::Admitted {
-                    token: "tok".into(),
-                    expires_at: 1700,
-                    waited_ms: None,
-                }),
-                PollReply::Outcome(PollOutcome::NotInQueue),
+                (
+                    PollReply::Outcome(PollOutcome::Waiting { seq: 9, ahead: 4 }),
+                    7
+                ),
+                (PollReply::Due, 0),
+                (
+                    PollReply::Outcome(PollOutcome::Admitted {
+                        token: "tok".into(),
+                        expires_at: 1700,
+                        waited_ms: None,
+                    }),
+                    0
+                ),
+                (PollReply::Outcome(PollOutcome::NotInQueue), 0),
             ]
         );
-        // An enter tag in a poll reply, or a WAITING without its rank: protocol errors.
-        for bad in [vec!["FULL".into()], vec!["WAITING".into(), "9".into()]] {
+        // An enter tag in a poll reply, or a WAITING without its rank and mark: protocol errors.
+        for bad in [
+            vec!["FULL".into()],
+            vec!["WAITING".into(), "9".into()],
+            vec!["WAITING".into(), "9".into(), Value::Integer(4)],
+        ] {
             assert!(matches!(
                 per_user(bad, poll_fields, "poll"),
                 Err(StoreError::Protocol(_))
@@ -655,9 +682,13 @@ mod tests {
         );
         assert_eq!(
             poll(arr(&["NONE".into()])).unwrap(),
-            PollReply::Outcome(PollOutcome::NotInQueue)
+            (PollReply::Outcome(PollOutcome::NotInQueue), 0)
         );
-        assert_eq!(poll(arr(&["DUE".into()])).unwrap(), PollReply::Due);
+        assert_eq!(poll(arr(&["DUE".into()])).unwrap(), (PollReply::Due, 0));
+        assert_eq!(
+            issue(arr(&["HELD".into(), "12".into()])).unwrap(),
+            PollOutcome::Due { seq: 12 }
+        );
         assert_eq!(
             issue(arr(&[
                 "ADMITTED".into(),

@@ -246,11 +246,13 @@ impl TargetKeys {
         format!("{}alive:{width}:{}", self.prefix, now_ms / width)
     }
 
-    /// KEYS of issue.lua: the shared seven, the user's token key, and the sale.
+    /// KEYS of issue.lua: the shared seven, the user's token key, the sale, and the losses (a
+    /// repair's hold).
     pub fn queue_keys(&self, user: u64) -> Vec<String> {
         let mut keys = self.shared_keys();
         keys.push(self.of(Key::Token(user)));
         keys.push(self.of(Key::Sale));
+        keys.push(self.of(Key::Losses));
         keys
     }
 

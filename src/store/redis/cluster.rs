@@ -10,14 +10,14 @@
 //! `{TYPE:ID}` hash tag, or a single global key), so a call never needs two nodes.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::prelude::Value;
 use parking_lot::{Mutex, RwLock};
 
-use super::pipe::{hosts, PipeError, Pipes};
+use super::pipe::{hosts, PipeError, Pipes, Wire};
 
 /// Hash slots in a Redis Cluster.
 const SLOTS: usize = 16384;
@@ -39,8 +39,8 @@ pub struct ClusterPipes {
     nodes: RwLock<HashMap<Arc<str>, Arc<Pipes>>>,
     last_refresh: Mutex<Option<Instant>>,
     refreshing: AtomicBool,
-    /// Shared by every node's connections (`Pipes::with_heard`).
-    heard: Arc<AtomicU64>,
+    /// Shared by every node's connections (`Pipes::with_wire`).
+    wire: Arc<Wire>,
 }
 
 /// Why a cluster call failed.
@@ -55,9 +55,9 @@ pub enum ClusterError {
 }
 
 impl ClusterPipes {
-    pub fn new(config: &fred::types::config::Config, heard: Arc<AtomicU64>) -> ClusterPipes {
+    pub fn new(config: &fred::types::config::Config, wire: Arc<Wire>) -> ClusterPipes {
         ClusterPipes {
-            heard,
+            wire,
             config: config.clone(),
             seeds: hosts(config),
             slots: RwLock::new(vec![None; SLOTS]),
@@ -82,7 +82,7 @@ impl ClusterPipes {
             .write()
             .entry(addr.clone())
             .or_insert_with(|| {
-                Arc::new(Pipes::new(addr.to_string(), &self.config).with_heard(self.heard.clone()))
+                Arc::new(Pipes::new(addr.to_string(), &self.config).with_wire(self.wire.clone()))
             })
             .clone()
     }

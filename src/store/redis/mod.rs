@@ -80,8 +80,8 @@ pub struct RedisStore {
     /// Tells this store's gathered calls from another store's on the same thread.
     id: u64,
     deployment: Deployment,
-    /// When any pipelined connection last read a reply (`Pipes::with_heard`).
-    heard: Arc<std::sync::atomic::AtomicU64>,
+    /// What the pipelined connections report (`pipe::Wire`).
+    wire: Arc<pipe::Wire>,
     /// This instance's presence connection (`presence.rs`), and the configuration it is built
     /// from.
     presence: presence::Presence,
@@ -117,16 +117,16 @@ impl RedisStore {
         let mut config = parsed.config.clone();
         // Keep trying when Redis is not there at start (the gateway fails open meanwhile).
         config.fail_fast = false;
-        let heard = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let wire = Arc::new(pipe::Wire::default());
         let dispatch = match deployment {
             Deployment::Single => {
-                Dispatch::Direct(Pipes::for_config(&config).with_heard(heard.clone()))
+                Dispatch::Direct(Pipes::for_config(&config).with_wire(wire.clone()))
             }
             Deployment::Sentinel { .. } => {
-                Dispatch::Primary(Pipes::new(String::new(), &config).with_heard(heard.clone()))
+                Dispatch::Primary(Pipes::new(String::new(), &config).with_wire(wire.clone()))
             }
             Deployment::Cluster => {
-                Dispatch::Cluster(Box::new(ClusterPipes::new(&config, heard.clone())))
+                Dispatch::Cluster(Box::new(ClusterPipes::new(&config, wire.clone())))
             }
         };
         // In a cluster every MOVED/ASK redirection costs fred one write attempt: allow a few,
@@ -174,7 +174,7 @@ impl RedisStore {
             caller,
             id: batch::store_id(),
             deployment,
-            heard,
+            wire,
             presence: presence::Presence::default(),
             presence_config,
             seen: Arc::new(seen::Seen::new(KEY_TTL_MS)),
@@ -510,7 +510,8 @@ impl QueueStore for RedisStore {
             })
         })
         .await?;
-        let outcome = match replies::poll(reply)? {
+        let (reply, mark) = replies::poll(reply)?;
+        let outcome = match reply {
             PollReply::Outcome(o) => o,
             // Admitted by the pump: sign the token now (once per user) and store it.
             PollReply::Due => {
@@ -548,7 +549,7 @@ impl QueueStore for RedisStore {
             // A waiting user's place: every replica learns the highest seq handed out from the
             // polls it answers, whichever replica handed it out (the floor a lost or rolled-back
             // sequence is repaired up to, `seen.rs`); the queue's keys live while users wait.
-            self.seen.saw(target, seq, 0, true, now.epoch_ms);
+            self.seen.saw(target, seq, mark, true, now.epoch_ms);
             // Users wait here: keep the target on the pump's list (at most every 10 s per
             // instance; it may have been retired as empty just before they entered).
             if let Err(e) = self.keep_active(target).await {
@@ -1012,7 +1013,15 @@ impl QueueStore for RedisStore {
     }
 
     fn last_reply_ms(&self) -> u64 {
-        self.heard.load(std::sync::atomic::Ordering::Relaxed)
+        self.wire.heard.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn mark_seen(&self, target: QueueTarget, now_ms: u64) -> u64 {
+        self.seen.floors(target, now_ms).mark
+    }
+
+    fn connection_broke_ms(&self) -> u64 {
+        self.wire.broke.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     async fn update_roster(&self, r: RosterEntry<'_>) -> Result<Roster, StoreError> {

@@ -78,10 +78,22 @@ pub struct Pipes {
     /// For `rediss…` URLs: fred's rustls connector (the system's roots or `SSL_CERT_FILE`); the
     /// server's certificate must name the host.
     tls: Option<TlsConnector>,
-    /// When a reply last arrived on any connection of the store (epoch ms), shared with the
-    /// store: replies to calls whose callers gave up count too, so a Redis that answers late
-    /// (the gateway is overloaded) is told from one that answers nothing (down).
-    heard: Arc<AtomicU64>,
+    /// What the store's connections tell it, shared by all of them (`Wire`).
+    wire: Arc<Wire>,
+}
+
+/// What the connections of one store report to it, shared by all of them.
+#[derive(Debug, Default)]
+pub struct Wire {
+    /// When a reply last arrived on any connection (epoch ms): replies to calls whose callers
+    /// gave up count too, so a Redis that answers late (the gateway is overloaded) is told from
+    /// one that answers nothing (down).
+    pub heard: AtomicU64,
+    /// When a connection last broke or failed to open (epoch ms; 0: never). Whatever answers
+    /// after that may be another server (a restart from a snapshot, a failover to a replica that
+    /// missed writes) holding less than this replica saw: new tokens wait until the replica
+    /// has learned of any rollback (`StoreGuard::issue_held`).
+    pub broke: AtomicU64,
 }
 
 impl std::fmt::Debug for Pipes {
@@ -149,13 +161,13 @@ impl Pipes {
             connect_timeout: Duration::from_millis(500),
             generation: AtomicU64::new(0),
             tls,
-            heard: Arc::new(AtomicU64::new(0)),
+            wire: Arc::new(Wire::default()),
         }
     }
 
-    /// Shares `heard` (see the field) with the store and its other connections.
-    pub fn with_heard(mut self, heard: Arc<AtomicU64>) -> Pipes {
-        self.heard = heard;
+    /// Shares `wire` with the store and its other connections.
+    pub fn with_wire(mut self, wire: Arc<Wire>) -> Pipes {
+        self.wire = wire;
         self
     }
 
@@ -258,6 +270,9 @@ impl Pipes {
                 Ok(calls)
             }
             Err(error) => {
+                self.wire
+                    .broke
+                    .fetch_max(crate::clock::now().epoch_ms, Ordering::Relaxed);
                 DOWN.with(|d| {
                     d.borrow_mut().insert(
                         self.id,
@@ -320,12 +335,12 @@ impl Pipes {
             Conn::Plain(tcp) => {
                 let (read, write) = tcp.into_split();
                 tokio::spawn(writer(write, calls_rx, order_tx));
-                tokio::spawn(reader(read, order_rx, broken.clone(), self.heard.clone()));
+                tokio::spawn(reader(read, order_rx, broken.clone(), self.wire.clone()));
             }
             Conn::Tls(tls) => {
                 let (read, write) = tokio::io::split(*tls);
                 tokio::spawn(writer(write, calls_rx, order_tx));
-                tokio::spawn(reader(read, order_rx, broken.clone(), self.heard.clone()));
+                tokio::spawn(reader(read, order_rx, broken.clone(), self.wire.clone()));
             }
         }
         Ok((calls_tx, broken))
@@ -402,7 +417,7 @@ async fn reader<R: AsyncRead + Unpin>(
     mut socket: R,
     mut order: mpsc::UnboundedReceiver<Slot>,
     broken: Arc<AtomicBool>,
-    heard: Arc<AtomicU64>,
+    wire: Arc<Wire>,
 ) {
     let mut buf = BytesMut::with_capacity(16 * 1024);
     // The call whose reply comes next, while replies before its own are being dropped.
@@ -433,12 +448,15 @@ async fn reader<R: AsyncRead + Unpin>(
         match socket.read_buf(&mut buf).await {
             Ok(0) => break "connection closed by redis".to_string(),
             Ok(_) => {
-                heard.fetch_max(crate::clock::now().epoch_ms, Ordering::Relaxed);
+                wire.heard
+                    .fetch_max(crate::clock::now().epoch_ms, Ordering::Relaxed);
             }
             Err(e) => break e.to_string(),
         }
     };
     broken.store(true, Ordering::Relaxed);
+    wire.broke
+        .fetch_max(crate::clock::now().epoch_ms, Ordering::Relaxed);
     order.close();
     if let Some((_, slot)) = current {
         let _ = slot.send(Err(PipeError::Unavailable(error.clone())));
