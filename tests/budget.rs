@@ -283,19 +283,13 @@ fn admin(gw: &GatewayProc, method: &str, path: &str, body: &str) -> Response {
         .unwrap()
 }
 
-fn metric(gws: &[GatewayProc], series: &str) -> u64 {
-    gws.iter()
-        .map(|g| {
-            g.metrics()
-                .lines()
-                .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
-                .map_or(0, |v| v as u64)
-        })
-        .sum()
+/// A series summed over the replicas.
+fn metric_sum(gws: &[GatewayProc], series: &str) -> u64 {
+    gws.iter().map(|g| metric(&g.metrics(), series)).sum()
 }
 
 fn losses(gws: &[GatewayProc], state: &str) -> u64 {
-    metric(
+    metric_sum(
         gws,
         &format!("virtual_queue_store_data_loss_total{{state=\"{state}\"}}"),
     )
@@ -542,11 +536,11 @@ fn each_key_of_a_sale_deleted_mid_sale_is_found_and_repaired() {
         redis.cmd(&["DEL", w]);
     }
     let evicted_series = "virtual_queue_evicted_total{target=\"LIMITED_DROP:42\"}";
-    let evicted_at = metric(&gws, evicted_series);
+    let evicted_at = metric_sum(&gws, evicted_series);
     let waiting_at = redis.cmd(&["ZCARD", &format!("{KEY}:waiting")]).as_int();
     wait(2000);
     let waiting_later = redis.cmd(&["ZCARD", &format!("{KEY}:waiting")]).as_int();
-    let evicted = metric(&gws, evicted_series) - evicted_at;
+    let evicted = metric_sum(&gws, evicted_series) - evicted_at;
 
     // The sequence: repaired from the waiting set and the replicas' memory, never restarted.
     redis.cmd(&["DEL", &format!("{KEY}:seq")]);

@@ -22,12 +22,6 @@ const BATCH: u64 = 5;
 /// Users the attacker claims to be: never admitted, never given a token.
 const ATTACKER_BASE: u64 = 900_000_000;
 
-fn metric(text: &str, series: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
-}
-
 /// Purchases without a token, as fast as the gateways answer, from made-up users; counts the
 /// ones answered 2xx (which the backend then saw).
 struct Attacker {

@@ -497,12 +497,6 @@ fn a_replica_starting_during_an_outage_waits_then_holds_everyone() {
     redis.resume();
 }
 
-fn metric(text: &str, series: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series))
-        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
-}
-
 #[test]
 fn a_replica_that_stops_registering_lowers_the_pump_batch_by_its_share() {
     let _serial = serial();

@@ -182,14 +182,6 @@ fn three_instances_admit_within_the_bound_in_order_at_the_ideal_rate() {
     );
 }
 
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
-}
-
 #[test]
 fn killing_the_lock_holder_hands_over_within_about_a_tick() {
     let redis = RedisServer::start();

@@ -96,6 +96,19 @@ pub fn parse_advances(list: &[Resp]) -> Vec<(u64, u64)> {
     v
 }
 
+/// The value of one Prometheus series in a metrics text: `series` is the name, or the name
+/// with its labels, exactly as the gateway renders it (`name{a="b"}`), followed by a space and
+/// the value. 0 when absent; a value that does not parse fails the test.
+pub fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0, |v| {
+            v.trim()
+                .parse::<f64>()
+                .unwrap_or_else(|e| panic!("{series}: {v:?}: {e}")) as u64
+        })
+}
+
 /// Polls `f` until it returns true or `timeout` passes.
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
