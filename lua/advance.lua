@@ -1,7 +1,8 @@
 #!lua flags=allow-oom
--- advance.lua: one admission step of a target (SPEC §5). Moves admitted_count so that exactly the
--- next `batch` live waiting users above the mark are admitted (users who left or were evicted take
--- no slot); with fewer waiting, up to the current seq. Never backwards, never beyond seq.
+-- advance.lua: one admission step of a target (docs/ARCHITECTURE.md#the-admission-pump). Moves
+-- admitted_count so that exactly the next `batch` live waiting users above the mark are admitted
+-- (users who left or were evicted take no slot); with fewer waiting, up to the current seq. Never
+-- backwards, never beyond seq.
 --
 -- The cluster-wide bound lives here, not in the lock: the script refuses a second advance of the
 -- same target within `min_interval` ms of the last one, timed by Redis' own clock (TIME), so a

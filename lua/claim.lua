@@ -1,11 +1,11 @@
 #!lua flags=allow-oom
--- claim.lua: one entry token's single-use claim (SPEC §6), as the gate takes and settles it.
--- A claim is pending while its purchase is in flight, under a lease the forwarding replica
--- renews; a 2xx or 3xx answer spends it, a 4xx or 5xx gives it back, and a lease that lapses
--- (the forwarding replica died) gives it back too. One token is tried at most `max attempts`
--- times in all: a client that makes the backend fail on purpose gets bounded attempts.
--- `allow-oom`: under maxmemory Redis refuses plain writes, and a claim that cannot be recorded
--- would leave the token reusable. The hash is tiny and bounded by the admission budget.
+-- claim.lua: one entry token's single-use claim (docs/security.md), as the gate takes and settles
+-- it. A claim is pending while its purchase is in flight, under a lease the forwarding replica
+-- renews; a 2xx or 3xx answer spends it, a 4xx or 5xx gives it back, and a lease that lapses (the
+-- forwarding replica died) gives it back too. One token is tried at most `max attempts` times in
+-- all: a client that makes the backend fail on purpose gets bounded attempts. `allow-oom`: under
+-- maxmemory Redis refuses plain writes, and a claim that cannot be recorded would leave the token
+-- reusable. The hash is tiny and bounded by the admission budget.
 --
 -- KEYS[1] queue:{T}:used:{tokenId}  HASH state ("pending" | "spent" | "free"), owner (the
 --         purchase attempt's id), attempts, lease (Redis ms the pending claim holds until).

@@ -1,11 +1,11 @@
 #!lua
--- enter.lua: users join a target's waiting room (SPEC §4 Enter), one or many per call: a gateway
--- thread gathers the enters of one target that arrive while one of its calls is in flight and sends
--- them as one call (`store/redis/batch.rs`). The answers are those of the same enters made one
--- after another in the order given: concurrent duplicate enters of one user get one seq and waste
--- none, and the capacity check cannot race the INCRBY. The commands are per call, not per user
--- (ZMSCORE, MGET of the tokens of the users not waiting, one INCRBY, one ZADD, one BITFIELD per
--- bitmap), except ZRANK for a user who was already waiting; the bits of the new users'
+-- enter.lua: users join a target's waiting room (docs/api.md#enter), one or many per call: a
+-- gateway thread gathers the enters of one target that arrive while one of its calls is in flight
+-- and sends them as one call (`store/redis/batch.rs`). The answers are those of the same enters
+-- made one after another in the order given: concurrent duplicate enters of one user get one seq
+-- and waste none, and the capacity check cannot race the INCRBY. The commands are per call, not per
+-- user (ZMSCORE, MGET of the tokens of the users not waiting, one INCRBY, one ZADD, one BITFIELD
+-- per bitmap), except ZRANK for a user who was already waiting; the bits of the new users'
 -- consecutive seqs are written as runs.
 --
 -- KEYS[1] queue:{T}:waiting         ZSET userId -> seq

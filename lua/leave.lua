@@ -1,6 +1,6 @@
 #!lua flags=allow-oom
--- leave.lua: explicit leave (SPEC §4 Leave). Removes the user from the waiting room and drops an
--- unused token marker, in one step so that a concurrent poll cannot re-admit a user who left.
+-- leave.lua: explicit leave (docs/api.md#leave). Removes the user from the waiting room and drops
+-- an unused token marker, in one step so that a concurrent poll cannot re-admit a user who left.
 --
 -- KEYS[1] queue:{T}:waiting, KEYS[2] queue:{T}:queued, KEYS[3] queue:{T}:token:{userId}
 -- ARGV[1] userId

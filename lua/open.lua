@@ -1,5 +1,5 @@
 #!lua
--- admit.lua: the cap on open queues (`queue.max_active_targets`), exact under concurrency. A
+-- open.lua: the cap on open queues (`queue.max_active_targets`), exact under concurrency. A
 -- target may open a queue if it has one (is in queue:active) or there is room, in which case it
 -- is added in the same step: concurrent first enters of many new targets cannot overshoot.
 -- queue:active only lists targets with waiting users; the pump retires empty ones, so an idle or
@@ -7,7 +7,7 @@
 --
 -- KEYS[1] queue:active  SET of "TYPE:ID"; a key of its own (own slot)
 -- ARGV[1] target "TYPE:ID", ARGV[2] cap
--- Reply: 1 admitted (member now), 0 refused (the cap is reached)
+-- Reply: 1 open (a member now), 0 refused (the cap is reached)
 
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then
   return 1

@@ -1,9 +1,9 @@
 #!lua flags=allow-oom
--- poll.lua: waiting users' polls (SPEC §4 Poll): heartbeats and the admission check, one or many
--- users per call (a gateway thread gathers the polls of one target that arrive while one of its
--- calls is in flight: `store/redis/batch.rs`). A call costs ZMSCORE, GET (the mark) and one BITFIELD
--- for every heartbeat, plus a ZRANK per waiting user and a GET per user no longer waiting. It
--- signs nothing and stores no token: when a user's fixed seq is within admitted_count it answers
+-- poll.lua: waiting users' polls (docs/api.md#poll): heartbeats and the admission check, one or
+-- many users per call (a gateway thread gathers the polls of one target that arrive while one of
+-- its calls is in flight: `store/redis/batch.rs`). A call costs ZMSCORE, GET (the mark) and one
+-- BITFIELD for every heartbeat, plus a ZRANK per waiting user and a GET per user no longer waiting.
+-- It signs nothing and stores no token: when a user's fixed seq is within admitted_count it answers
 -- DUE, and the caller signs a token and stores it with issue.lua (once per user). It does not
 -- extend the target's key TTL: enter, every admission step (advance.lua) and issue.lua do, so a
 -- target with waiting users keeps its keys while its pump runs.

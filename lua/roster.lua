@@ -1,7 +1,7 @@
 #!lua flags=allow-oom
--- instances.lua: the replica roster. Every gateway's pump records itself here each tick
+-- roster.lua: the replica roster. Every gateway's pump records itself here each tick
 -- (while its store answers) with the slice of the batch it would admit per tick if it were cut
--- off from Redis (`share.rs`), and removes itself on a clean shutdown. The answers: instances
+-- off from Redis (`slice.rs`), and removes itself on a clean shutdown. The answers: instances
 -- seen within the live window (the replica count), within the longer recent window, and the
 -- slices recorded by the instances that are recent but not live: they stopped registering, may
 -- be cut off and pacing, and the pumps admit that much less.

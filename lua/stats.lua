@@ -1,5 +1,5 @@
 #!lua flags=allow-oom
--- stats.lua: cluster-wide figures of one target (SPEC §3 QueueStatsResponse), read in one step
+-- stats.lua: cluster-wide figures of one target (docs/api.md#endpoints), read in one step
 -- so that every gateway instance answers from the same snapshot.
 --
 -- O(1) per call: the wait percentiles need a sort of up to 1,024 samples, so the result is kept

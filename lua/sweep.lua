@@ -1,5 +1,5 @@
 #!lua flags=allow-oom
--- sweep.lua: evict waiting users with no heartbeat since the cutoff (SPEC §4 Eviction), at most
+-- sweep.lua: evict waiting users with no heartbeat since the cutoff (docs/api.md#eviction), at most
 -- `max` per call, lowest seq first. Heartbeats are bits by seq in one bitmap per window
 -- (src/store/liveness.rs): the stale are the queued seqs with no bit in any window from the one
 -- holding the cutoff to the next one, found with BITOP over a few kilobytes and BITPOS, then

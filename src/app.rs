@@ -26,7 +26,7 @@ pub struct AppState {
     pub metrics: Metrics,
     /// The paced fail-open budget (`failopen.rs`).
     pub pacer: Arc<Pacer>,
-    /// The single-use claims this replica remembers (`claims.rs`).
+    /// The single-use claims this replica remembers (`claims/`).
     pub claims: Claims,
     /// The entry tokens this replica answered for admissions through the queue (`issued.rs`).
     pub issued: crate::issued::Issued,

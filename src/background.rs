@@ -23,7 +23,8 @@ use crate::flag::FlagState;
 use crate::settings::{Doc, DocKind, Step, Tracker};
 use crate::store::RedisStore;
 
-/// How often each instance re-reads `queue:flag` (SPEC §7: every instance within 3 s).
+/// How often each instance re-reads `queue:flag` (every instance within 3 s:
+/// docs/operations.md#the-flag).
 pub const FLAG_REFRESH: Duration = Duration::from_secs(1);
 
 /// How often the prober checks the store's request path (it also notices a hang without traffic).
@@ -268,7 +269,8 @@ impl SettingsRefresher {
     }
 }
 
-/// Re-reads the run-time settings every `FLAG_REFRESH` (SPEC §7: every instance within 3 s).
+/// Re-reads the run-time settings every `FLAG_REFRESH` (every instance within 3 s:
+/// docs/operations.md#the-flag).
 #[async_trait]
 impl crate::settings::FlagWriter for SettingsRefresher {
     /// Sets the fields in `queue:flag` (as `vq-gateway flag set` does) and reads the document

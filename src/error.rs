@@ -1,6 +1,6 @@
 //! Errors at the HTTP boundary: `ApiError` and the one function that turns it into a status and a
-//! JSON body `{"code": "...", "detail": "..."}` (SPEC §3). Details are for humans and never carry
-//! internals (no store errors, no token bytes, no secrets).
+//! JSON body `{"code": "...", "detail": "..."}` (docs/api.md#errors). Details are for humans and
+//! never carry internals (no store errors, no token bytes, no secrets).
 
 use serde::Serialize;
 

@@ -1,12 +1,12 @@
 //! What a replica does while its store cannot be used (Redis down, hung, or shedding load): the
 //! fail-open policy (`fail_open.mode`) and the paced budget that keeps its promise. (The
-//! single-use claims it takes meanwhile are `claims.rs`.)
+//! single-use claims it takes meanwhile are `claims/`.)
 //!
 //! - `Pacer`: in `paced` mode (the default) a replica still enforces the admission budget by
 //!   itself: per target and tick it lets through at most what its *slice* of the batch admits in
-//!   that tick (`share.rs`: disjoint slices never admit more than the batch together in any
+//!   that tick (`slice.rs`: disjoint slices never admit more than the batch together in any
 //!   tick, and a batch smaller than the replica count rotates between them). Each registration
-//!   asks the replica roster for the seat the roster last told it (`instances.lua`), and
+//!   asks the replica roster for the seat the roster last told it (`roster.lua`), and
 //!   the roster records the largest piece of it no other member holds: the recorded slices
 //!   never overlap. Each pump holds back what the slices of the replicas that stopped
 //!   registering admit (they may be cut off from Redis and pacing) for `paced_for` after their
@@ -38,7 +38,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::queue::QueueTarget;
-use crate::share::Slice;
+use crate::slice::Slice;
 
 /// `fail_open.mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -126,7 +126,7 @@ const MAX_PACED_TARGETS: usize = 4096;
 
 /// An instance counts as live in the roster if it registered within 3 ticks, and never less
 /// than this (short test ticks would otherwise drop live instances between two ticks).
-const REGISTRY_MIN_WINDOW_MS: u64 = 2000;
+const ROSTER_MIN_WINDOW_MS: u64 = 2000;
 
 /// The timing the pacer and the replica roster share.
 #[derive(Debug, Clone, Copy)]
@@ -145,7 +145,7 @@ pub struct PacerConfig {
 impl PacerConfig {
     /// An instance that registered within this window counts as live.
     pub fn live_window_ms(&self) -> u64 {
-        self.tick_ms.saturating_mul(3).max(REGISTRY_MIN_WINDOW_MS)
+        self.tick_ms.saturating_mul(3).max(ROSTER_MIN_WINDOW_MS)
     }
 
     /// How long after its last registration attempt a cut-off replica waits before pacing: until
@@ -192,7 +192,7 @@ pub struct Pacer {
     clock: Mutex<RosterClock>,
 }
 
-/// What this replica knows of the roster's clock (`instances.lua`).
+/// What this replica knows of the roster's clock (`roster.lua`).
 #[derive(Debug, Default)]
 struct RosterClock {
     /// The highest clock it was answered.
@@ -317,7 +317,7 @@ impl Pacer {
 
     /// A sale's sequence or mark was found behind what a replica saw (the scripts repaired it):
     /// part of Redis went back in time, or a key was lost. Every replica is told as of a
-    /// rollback (`instances.lua` takes the higher count), and each writes back the claims it
+    /// rollback (`roster.lua` takes the higher count), and each writes back the claims it
     /// spent and the tokens it signed: a shard of a cluster can fail over behind while the
     /// roster's shard does not.
     pub fn report_loss(&self) {
@@ -735,7 +735,7 @@ mod tests {
 
     /// Seat 0 of `n` equal slices.
     fn seat0(n: u32) -> Slice {
-        Slice::new(0, crate::share::UNIT / n)
+        Slice::new(0, crate::slice::UNIT / n)
     }
 
     /// A pacer that registered once at epoch ms 0 with `replicas` counted (holding seat 0 of
@@ -816,11 +816,11 @@ mod tests {
     fn a_batch_smaller_than_the_replica_count_rotates() {
         let seat = |k: u32| {
             Slice::new(
-                crate::share::UNIT / 3 * k,
+                crate::slice::UNIT / 3 * k,
                 if k == 2 {
-                    crate::share::UNIT
+                    crate::slice::UNIT
                 } else {
-                    crate::share::UNIT / 3 * (k + 1)
+                    crate::slice::UNIT / 3 * (k + 1)
                 },
             )
         };

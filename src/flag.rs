@@ -1,6 +1,6 @@
-//! The `virtual-queue.enabled` flag (SPEC §7): whether a given user of a given target goes through
-//! the queue. Evaluation is a pure function of (flag state, target, user) with a stable bucket, so
-//! enter, poll and the gate decide alike on every instance.
+//! The `virtual-queue.enabled` flag (docs/operations.md#the-flag): whether a given user of a given
+//! target goes through the queue. Evaluation is a pure function of (flag state, target, user) with
+//! a stable bucket, so enter, poll and the gate decide alike on every instance.
 //!
 //! This module does no I/O; the state is set from the TOML defaults and replaced by whoever reads
 //! the runtime overrides.
@@ -51,7 +51,7 @@ impl FlagState {
     }
 }
 
-/// The Redis hash that overrides the TOML defaults at run time (SPEC §7).
+/// The Redis hash that overrides the TOML defaults at run time (docs/operations.md#the-flag).
 pub const FLAG_KEY: &str = "queue:flag";
 
 /// The field of [`FLAG_KEY`] that holds [`FlagState::queued_since`].

@@ -4,9 +4,17 @@
 
 use http::{HeaderMap, HeaderName};
 
-/// The entry token's header. Header names are built once, not parsed from a string on every
-/// lookup.
+// Header names are built once, not parsed from a string on every lookup.
+
+/// The entry token's header.
 pub const TOKEN_HEADER: HeaderName = HeaderName::from_static("x-entry-token");
+
+/// The user id a trusted front sets (`identity.source = "header"`), and the one the gateway
+/// sets on requests it forwards to the backend.
+pub const USER_HEADER: HeaderName = HeaderName::from_static("x-user-id");
+
+/// Where a client sends back the queue ticket of its last waiting answer (`token::TicketClaims`).
+pub const TICKET_HEADER: HeaderName = HeaderName::from_static("x-queue-ticket");
 
 /// Headers that ask some frameworks to treat a POST as another method; never allowed on a gated
 /// path, since the backend might honour one the gateway did not check.

@@ -7,8 +7,9 @@
 //! - `clock`    — the one clock: `Now` and wall time for requests, `Clock` (real or virtual) for
 //!   the pump.
 //! - `config`   — TOML file (`file.rs`, serde enums) → validated (`check.rs`) `Config`, one typed
-//!   part per section (SPEC §8); `subsystems.rs` is the one place that turns it into the pump's,
-//!   the pacer's, the store guard's and the sales' own settings (they never import `config`).
+//!   part per section (docs/configuration.md); `subsystems.rs` is the one place that turns it into
+//!   the pump's, the pacer's, the store guard's and the sales' own settings (they never import
+//!   `config`).
 //! - `cli`      — `serve`, `check-config`, `flag show|set`, `target`, `sale`, `draw verify`.
 //! - `ops`      — the `flag`, `target` and `sale` commands: read and write them in Redis.
 //! - `server`   — builds the Pingora server: ports, upstream, store, services and their order;
@@ -24,7 +25,7 @@
 //!   `config`.
 //! - `headers`  — strict reading of single-valued request headers, used by every reader.
 //! - `identity` — who the user is: `X-User-Id` from a trusted load balancer, or a verified JWT.
-//! - `share`    — slices of a sale's batch: what a cut-off replica may pace, and the pumps hold back.
+//! - `slice`    — slices of a sale's batch: what a cut-off replica may pace, and the pumps hold back.
 //! - `allowed`  — the allowed sales: which targets may have a queue (`any` or `registered`).
 //! - `sale`     — a sale's parameters (the one source of truth is its hash in Redis, read by the
 //!   scripts): parsing, validation, merging, and each replica's book of what it last read. No I/O.
@@ -46,17 +47,17 @@
 //!   `claims/journal.rs`, written back once spent).
 //! - `issued`   — the entry tokens this replica answered for admissions (sale, user → expiry):
 //!   the same token again when the store lost the issue, written back after a rollback. No I/O.
-//! - `token`    — entry token mint/verify (HMAC-SHA256, SPEC §6). No I/O.
-//! - `flag`     — queue flag and rollout bucket evaluation (SPEC §7). No I/O.
-//! - `pump`     — admission pump background service: lock, advance, sweep (SPEC §5). Depends on
-//!   `store`, `clock`, `failopen` and `metrics` only; `tests/simulation.rs` drives it in virtual
-//!   time.
-//! - `metrics`  — Prometheus registry and families (SPEC §10).
+//! - `token`    — entry token mint/verify (HMAC-SHA256, docs/api.md#entry-token). No I/O.
+//! - `flag`     — queue flag and rollout bucket evaluation (docs/operations.md#the-flag). No I/O.
+//! - `pump`     — admission pump background service: lock, advance, sweep
+//!   (docs/ARCHITECTURE.md). Depends on `store`, `clock`, `failopen` and `metrics` only;
+//!   `tests/simulation.rs` drives it in virtual time.
+//! - `metrics`  — Prometheus registry and families (docs/operations.md#metrics).
 //! - `error`    — `ApiError` → status + JSON body.
 //! - `logging`  — tracing subscriber (text or JSON).
 //!
 //! # Who may import whom
-//! - The pure modules (`queue`, `token`, `flag`, `share`, `sale`, `draw`, `settings`, `allowed`,
+//! - The pure modules (`queue`, `token`, `flag`, `slice`, `sale`, `draw`, `settings`, `allowed`,
 //!   `routing`, `headers`, `failopen`, `clock`, `error`) do no I/O and never import `store`,
 //!   `gateway`, `server` or `app`.
 //! - `config` turns the file into settings (`config/subsystems.rs`) and may import the types of
@@ -64,7 +65,7 @@
 //!   import `config`.
 //! - `store` imports the pure modules and `metrics` (the guard counts its calls) only; everything
 //!   else reaches it through `StoreGuard`.
-//! - `pump` imports `store`, `clock`, `failopen`, `draw`, `share` and `metrics`, nothing of HTTP.
+//! - `pump` imports `store`, `clock`, `failopen`, `draw`, `slice` and `metrics`, nothing of HTTP.
 //! - `gateway`: `gate` may import `hygiene`, never the reverse; header names live in `headers`;
 //!   `AppState` is imported from `app` everywhere.
 //! - Nothing here generates load: the simulator and the recording stand-in backend are the
@@ -105,7 +106,7 @@ pub mod routing;
 pub mod sale;
 pub mod server;
 pub mod settings;
-pub mod share;
+pub mod slice;
 pub mod store;
 pub mod token;
 

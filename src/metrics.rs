@@ -1,5 +1,5 @@
-//! Prometheus metrics (SPEC §10), in one registry owned by the gateway and rendered on the admin
-//! listener's `/metrics`.
+//! Prometheus metrics (docs/operations.md#metrics), in one registry owned by the gateway and
+//! rendered on the admin listener's `/metrics`.
 //!
 //! Naming: gateway-level families are `vq_gateway_*`, queue families `virtual_queue_*`. Every
 //! label value comes from a bounded set (route classes, reasons, events, configured targets):
@@ -84,10 +84,10 @@ pub struct Metrics {
     /// or the file's with the memory store); 0 while it is unknown and everyone queues.
     pub flag_known: IntGauge,
     /// `virtual_queue_registered_invalid_members`: members of `queue:targets` that are not
-    /// canonical `TYPE:ID` (`registry.rs`).
+    /// canonical `TYPE:ID` (`allowed.rs`, `Allowed::set_dynamic`).
     pub registered_invalid: IntGauge,
     pub targets: std::sync::Arc<TargetLabels>,
-    /// Tells this roster's cached children (`Hot`) from another's on the same thread.
+    /// Tells this registry's cached children (`Hot`) from another's on the same thread.
     id: u64,
 }
 
@@ -432,7 +432,7 @@ impl TargetLabels {
 mod tests {
     use super::*;
 
-    /// The per-thread cache counts into the roster it was asked by, with the same bounded
+    /// The per-thread cache counts into the registry it was asked by, with the same bounded
     /// target labels as an uncached lookup, also past its own size limit.
     #[test]
     fn cached_children_count_into_their_own_registry() {

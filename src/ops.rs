@@ -1,7 +1,7 @@
-//! `vq-gateway flag show|set`: the ops toggle (SPEC §7). Reads and writes the same `queue:flag`
-//! hash every instance refreshes from, so a change is live everywhere within 3 s, no deploy.
-//! `target add|remove|list` and `sale create|set|show|list|pause|resume|delete`: the registered
-//! sales and each sale's own parameters, in Redis too.
+//! `vq-gateway flag show|set`: the ops toggle (docs/operations.md#the-flag). Reads and writes the
+//! same `queue:flag` hash every instance refreshes from, so a change is live everywhere within 3 s,
+//! no deploy. `target add|remove|list` and `sale create|set|show|list|pause|resume|delete`: the
+//! registered sales and each sale's own parameters, in Redis too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,7 +71,7 @@ async fn connect(config: &Config) -> Result<Arc<RedisStore>, OpsError> {
 }
 
 /// How recently a replica must have registered for the CLI to count it as running (it would
-/// write back a settings document Redis lost): the registry's live window at its longest default.
+/// write back a settings document Redis lost): the roster's live window at its longest default.
 const REPLICA_WINDOW: Duration = Duration::from_secs(10);
 
 /// Writes an operator's change of a settings document. A document that Redis lost (restarted
@@ -84,7 +84,7 @@ async fn write_setting(
     items: &[(String, String)],
 ) -> Result<u64, OpsError> {
     // Missing: a new deployment, or Redis lost it and the running replicas are about to write it
-    // back (the registry of replicas may be lost with it, so wait for them first).
+    // back (the replica roster may be lost with it, so wait for them first).
     let missing = |r: &crate::settings::Reading| r.version.is_none() && r.items.is_empty();
     let mut reading = store
         .read_doc(kind)

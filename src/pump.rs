@@ -1,8 +1,8 @@
-//! The admission pump (SPEC §5): a background service in every instance. Ticks are aligned to
-//! multiples of `tick_ms` since the epoch, so all instances try at the same moments and the lock
-//! decides who works. Per active target and tick: take the lock (`SET NX PX`, TTL < tick); if taken,
-//! advance (the script itself refuses a second advance within 0.95 × tick, whoever calls it) and
-//! sweep stale heartbeats.
+//! The admission pump (docs/ARCHITECTURE.md#the-admission-pump): a background service in every
+//! instance. Ticks are aligned to multiples of `tick_ms` since the epoch, so all instances try at
+//! the same moments and the lock decides who works. Per active target and tick: take the lock (`SET
+//! NX PX`, TTL < tick); if taken, advance (the script itself refuses a second advance within 0.95 ×
+//! tick, whoever calls it) and sweep stale heartbeats.
 //!
 //! A tick never panics and never blocks shutdown: every store call carries the command timeout,
 //! errors are counted and logged once per outage, and shutdown interrupts a tick.
@@ -19,7 +19,7 @@ use crate::clock::Clock;
 use crate::failopen::Pacer;
 use crate::metrics::Metrics;
 use crate::queue::{millis, QueueTarget};
-use crate::share::Slice;
+use crate::slice::Slice;
 use crate::store::{
     Advance, AdvanceOutcome, Part, QueueStore, RosterEntry, StoreGuard, TickFigures,
     WHOLE_BATCH_PPM,

@@ -101,7 +101,7 @@ pub struct SaleDefaults {
 }
 
 impl Default for SaleDefaults {
-    /// The `[queue]` defaults (SPEC §8).
+    /// The `[queue]` defaults (docs/configuration.md).
     fn default() -> SaleDefaults {
         SaleDefaults {
             batch_size: 100,

@@ -30,7 +30,7 @@ pub const BOOTSTRAP_AFTER: Duration = Duration::from_secs(3);
 /// Which document.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DocKind {
-    /// `queue:flag`, a hash of fields (SPEC §7).
+    /// `queue:flag`, a hash of fields (docs/operations.md#the-flag).
     Flag,
     /// `queue:targets`, a set of `TYPE:ID` members.
     Targets,
@@ -45,7 +45,7 @@ impl DocKind {
         }
     }
 
-    /// The key holding the document (SPEC §9).
+    /// The key holding the document (docs/redis.md#keys).
     pub fn key(self) -> &'static str {
         match self {
             DocKind::Flag => crate::flag::FLAG_KEY,

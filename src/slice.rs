@@ -2,7 +2,7 @@
 //! Redis (`failopen.rs`), and what the pumps hold back for it (`pump.rs`, `advance.lua`).
 //!
 //! A slice is an interval `[start, end)` of the unit, in millionths. The replica roster
-//! (`instances.lua`) keeps the recorded slices of its members disjoint. A tick's batch `B` is
+//! (`roster.lua`) keeps the recorded slices of its members disjoint. A tick's batch `B` is
 //! cut into `B × FRAME` cells, lane by lane: cell `c` is lane `c / FRAME` at the tick whose
 //! index `t` (since the epoch, in the sale's ticks) has `reverse(t mod FRAME) = c mod FRAME`. A
 //! slice owns the cells `[⌈start·B·FRAME⌉, ⌈end·B·FRAME⌉)` (in millionths), and may admit as

@@ -137,7 +137,7 @@ fn cluster_targets_spread_over_every_master_and_two_gateways_keep_the_bound() {
     let up = Upstream::start();
     let gws = gateways(&cluster.url(), &up);
     // Each gateway's presence subscription (sharded) sits on the node of the roster's slot,
-    // where instances.lua sees it.
+    // where roster.lua sees it.
     let registry = &cluster.nodes[cluster.owner(cluster.keyslot("queue:instances"))];
     assert!(
         wait_until(Duration::from_secs(10), || presence_seen(registry) == 2),

@@ -13,7 +13,7 @@ use common::{RedisCluster, RedisServer, Resp, SentinelSet};
 use vq_gateway::clock::now;
 use vq_gateway::queue::{QueueTarget, TargetType};
 use vq_gateway::sale::{Sale, SalePatch};
-use vq_gateway::share::Slice;
+use vq_gateway::slice::Slice;
 use vq_gateway::store::liveness::Liveness;
 use vq_gateway::store::{
     Advance, AdvanceOutcome, ClaimTake, ClaimTerms, EnterOutcome, MemoryStore, Now, Part,
@@ -848,7 +848,7 @@ async fn cluster_calls_follow_a_slot_migration_step_by_step() {
 }
 
 /// `queue:active` and a target's keys live in different slots, so retiring an empty target and a
-/// user entering it race. Two replicas: A remembers T as admitted (and skips `admit.lua`), B's
+/// user entering it race. Two replicas: A remembers T as admitted (and skips `open.lua`), B's
 /// pump retires it. Whatever the order, a target with waiting users ends up listed, and the cap
 /// still holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -890,7 +890,7 @@ async fn a_retired_target_is_listed_again_when_users_return() {
         "a target with users stays"
     );
 
-    // Retired empty; A still remembers it and skips admit.lua, but its enter opens the empty
+    // Retired empty; A still remembers it and skips open.lua, but its enter opens the empty
     // room and lists it again.
     a.leave(t1, 1).await.unwrap();
     b.retire_target(t1).await.unwrap();
@@ -1010,7 +1010,7 @@ async fn simultaneous_enters_and_polls_of_a_target_are_one_script_call() {
         both[1].as_ref().unwrap(),
         &PollOutcome::Waiting { seq: 1, ahead: 0 }
     );
-    // The new target's enter: admit.lua, enter.lua, and admit.lua again for the room it opened.
+    // The new target's enter: open.lua, enter.lua, and open.lua again for the room it opened.
     assert_eq!(evalsha_calls(&redis) - before, 3 + 2);
 }
 
@@ -1392,7 +1392,7 @@ async fn the_registry_carries_the_largest_heartbeat_credit(s: &dyn QueueStore) {
     assert_eq!(reg("b", 0).await, 0);
 }
 
-/// The replica roster (`instances.lua`): each instance asks for the seat the roster told
+/// The replica roster (`roster.lua`): each instance asks for the seat the roster told
 /// it and is recorded with the largest piece of it no other member holds (containing what it
 /// held of it), so the recorded slices never overlap; the slices of instances that stopped
 /// registering (recent, not live) are held back by the pumps.
@@ -1573,7 +1573,7 @@ async fn the_registry_drops_dead_and_retired_instances() {
     assert_eq!(n.retired_others, 0, "{n:?}");
 }
 
-/// `advance.lua` admits what `Part::users` says (the cells of `share.rs`), with slices held
+/// `advance.lua` admits what `Part::users` says (the cells of `slice.rs`), with slices held
 /// back and with an only slice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advance_admits_the_cells_of_its_part() {

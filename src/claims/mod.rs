@@ -1,5 +1,5 @@
-//! The single-use claims a replica remembers (SPEC §6): the ones it took in Redis, and the ones
-//! it took alone while Redis was down.
+//! The single-use claims a replica remembers (docs/security.md): the ones it took in Redis, and the
+//! ones it took alone while Redis was down.
 //!
 //! - A claim is in flight while its purchase is (`claim.lua`: pending under a lease this
 //!   replica renews, `in_flight`); the backend's answer spends it (2xx, 3xx) or gives it back

@@ -1,7 +1,7 @@
-//! The configuration file as an operator writes it (`ConfigFile`, SPEC §8): every section with its
-//! documented defaults, `deny_unknown_fields` everywhere. `Serialize` too, so tests build a file
-//! in code and hand the gateway exactly what an operator would write. Validation into the typed
-//! `Config` is `config/mod.rs`'s job; nothing here checks a value.
+//! The configuration file as an operator writes it (`ConfigFile`, docs/configuration.md): every
+//! section with its documented defaults, `deny_unknown_fields` everywhere. `Serialize` too, so
+//! tests build a file in code and hand the gateway exactly what an operator would write. Validation
+//! into the typed `Config` is `config/mod.rs`'s job; nothing here checks a value.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,5 +1,5 @@
-//! Configuration: the TOML file (`ConfigFile`, SPEC §8, in `file.rs`) and the validated `Config`
-//! the rest of the gateway runs on, one typed part per subsystem.
+//! Configuration: the TOML file (`ConfigFile` in `file.rs`, docs/configuration.md) and the
+//! validated `Config` the rest of the gateway runs on, one typed part per subsystem.
 //!
 //! The file is parsed with `deny_unknown_fields` and serde enums for every closed set of words;
 //! `check.rs` then turns every value into a typed field (socket addresses, durations, non-zero

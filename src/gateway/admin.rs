@@ -5,7 +5,8 @@
 //! `/readyz` answers 200 once the public listener accepts connections and the store's start-up is
 //! over (Redis connected with its scripts loaded, or given up on after a short wait). It reports
 //! the store's state in its body but never turns not-ready because Redis is down: a load balancer
-//! that pulled every replica then would defeat failing open (SPEC §7).
+//! that pulled every replica then would defeat failing open
+//! (docs/operations.md#health-and-shutdown).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,9 +1,10 @@
-//! The queue API handlers (SPEC §3, §4): enter, poll, leave, stats. Each takes the parsed call and
-//! the request's user, talks to the store, and returns a `Reply` for the proxy to write.
+//! The queue API handlers (docs/api.md#queue-semantics): enter, poll, leave, stats. Each takes the
+//! parsed call and the request's user, talks to the store, and returns a `Reply` for the proxy to
+//! write.
 //!
 //! Enter and poll never answer 5xx in the default `paced` fail-open mode: when the store fails
-//! they answer per `fail_open.mode` (SPEC §7, `failopen.rs`). A Redis that is full (maxmemory)
-//! is not an outage: new enters get 429, everything else goes on. Stats answer from a
+//! they answer per `fail_open.mode` (`failopen.rs`, docs/failures.md). A Redis that is full
+//! (maxmemory) is not an outage: new enters get 429, everything else goes on. Stats answer from a
 //! per-replica cache, or 503 when there is nothing honest to report.
 
 use std::time::Instant;
@@ -25,10 +26,9 @@ use crate::sale::{BookLookup, SaleView};
 use crate::store::{EnterOutcome, Now, PollOutcome, QueueStore, StoreError, TokenCandidate};
 use crate::token::{mint, mint_ticket, verify_ticket, TicketClaims, TokenClaims};
 
-pub use crate::identity::USER_HEADER;
+pub use crate::headers::USER_HEADER;
 
-/// Where a client sends back the queue ticket of its enter answer (`token::TicketClaims`).
-pub const TICKET_HEADER: http::HeaderName = http::HeaderName::from_static("x-queue-ticket");
+use crate::headers::TICKET_HEADER;
 
 /// A locally generated response.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,17 +85,21 @@ pub async fn handle(state: &AppState, call: ApiCall, headers: &HeaderMap) -> Rep
         Standing::Unregistered => return Reply::error(&ApiError::UnknownTarget),
         Standing::Unknown => return Reply::error(&ApiError::QueueUnavailable),
     }
+    // Stats and the draw are public; the other calls are a user's.
+    let user = || user_id(state, headers);
     let result = match call.op {
         ApiOp::Stats => stats(state, call.target).await,
         ApiOp::Draw => draw(state, call.target).await,
-        op => match user_id(state, headers) {
-            Ok(user) => match op {
-                ApiOp::Enter => enter(state, call.target, user, headers).await,
-                ApiOp::Poll => poll(state, call.target, user, headers).await,
-                ApiOp::Leave => leave(state, call.target, user).await,
-                ApiOp::Stats => stats(state, call.target).await,
-                ApiOp::Draw => draw(state, call.target).await,
-            },
+        ApiOp::Enter => match user() {
+            Ok(user) => enter(state, call.target, user, headers).await,
+            Err(e) => Err(e),
+        },
+        ApiOp::Poll => match user() {
+            Ok(user) => poll(state, call.target, user, headers).await,
+            Err(e) => Err(e),
+        },
+        ApiOp::Leave => match user() {
+            Ok(user) => leave(state, call.target, user).await,
             Err(e) => Err(e),
         },
     };

@@ -1,7 +1,8 @@
-//! The entry-token gate in front of the purchase routes (SPEC §6): a request to a gated route
-//! reaches the backend only with a valid, matching, unexpired and (with `single_use`) unused
-//! entry token. Which requests are on a gated route is `routing::gated`'s job; this module decides
-//! what happens to them.
+//! The entry-token gate in front of the purchase routes
+//! (docs/security.md#what-an-entry-token-guarantees): a request to a gated route reaches the
+//! backend only with a valid, matching, unexpired and (with `single_use`) unused entry token. Which
+//! requests are on a gated route is `routing::gated`'s job; this module decides what happens to
+//! them.
 
 use std::time::Duration;
 
@@ -368,8 +369,8 @@ fn down_after_ms(state: &AppState) -> u64 {
 }
 
 /// How long after `queued_since` a token is still checked against the store: the time every
-/// instance takes to see a flag change (SPEC §7: 3 s), plus the clock difference allowed between
-/// the host that changed it and the instances that mint.
+/// instance takes to see a flag change (3 s, docs/operations.md#the-flag), plus the clock
+/// difference allowed between the host that changed it and the instances that mint.
 const QUEUED_SETTLE_SECS: u64 = 3 + EXPIRY_SKEW_SECS;
 
 /// A token issued before the queue last took users in (or while that change spread) may have

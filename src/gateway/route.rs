@@ -44,7 +44,8 @@ impl RouteClass {
     }
 }
 
-/// The four operations of the queue API (SPEC §3), and the sale's draw (public, like stats).
+/// The four operations of the queue API (docs/api.md#endpoints), and the sale's draw (public, like
+/// stats).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApiOp {
     Enter,
@@ -83,8 +84,8 @@ pub fn is_api_path(path: &CanonicalPath) -> bool {
         && matches!(p.get(n + 1), None | Some(b'/'))
 }
 
-/// Parses `/virtual-queues/{type}/{targetId}/...` (SPEC §3). Checks in the order a client can act
-/// on: the type (404), the id (400), the resource (400), then the method (405).
+/// Parses `/virtual-queues/{type}/{targetId}/...` (docs/api.md#endpoints). Checks in the order a
+/// client can act on: the type (404), the id (400), the resource (400), then the method (405).
 pub fn parse_api(path: &CanonicalPath, method: &Method) -> Result<ApiCall, ApiError> {
     let mut segments = path.segments().skip(1);
     let kind = match segments.next() {

@@ -17,7 +17,7 @@ use parking_lot::RwLock;
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use http::{HeaderMap, HeaderName};
+use http::HeaderMap;
 
 use crate::headers::{self, BadHeader};
 use crate::queue::parse_positive_id;
@@ -27,7 +27,7 @@ mod keys;
 
 use keys::Key;
 
-pub const USER_HEADER: HeaderName = HeaderName::from_static("x-user-id");
+pub use crate::headers::USER_HEADER;
 
 /// A validated `[identity]` section.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,7 +1,8 @@
 //! Where a waiting user stands: the fixed sequence number, the users ahead and the ETA.
 //!
 //! Admission is decided by the fixed `seq` against the target's `admitted_count`, never by rank
-//! (SPEC §4): users leaving ahead of you shorten your ETA but never admit you before the next tick.
+//! (docs/api.md#queue-semantics): users leaving ahead of you shorten your ETA but never admit you
+//! before the next tick.
 
 use std::time::Duration;
 

@@ -1,6 +1,7 @@
-//! What the API answers: `QueueEntryResponse` and `QueueStatsResponse`, field for field as SPEC §3
-//! (camelCase; fields that do not apply are present as `null`), plus the additive `degraded`
-//! field: true when the answer was given without the shared store (fail-open, SPEC §7).
+//! What the API answers: `QueueEntryResponse` and `QueueStatsResponse`, field for field as
+//! docs/api.md (camelCase; fields that do not apply are present as `null`), plus the additive
+//! `degraded` field: true when the answer was given without the shared store (fail-open,
+//! docs/failures.md).
 
 use serde::Serialize;
 

@@ -1,4 +1,4 @@
-//! Queue targets: the `(type, id)` pair a waiting room is keyed by (SPEC §2).
+//! Queue targets: the `(type, id)` pair a waiting room is keyed by (docs/api.md#targets-and-users).
 //!
 //! Parsing is strict: the path segment must be exactly `limited-drop` or `ticketing-event`, and the
 //! id a canonical positive 64-bit decimal (no sign, no leading zero). This module does no I/O.

@@ -69,7 +69,7 @@ enum Class {
     Gate,
     /// stats: a few permits of its own.
     Stats,
-    /// pump, flag refresh, registry, claim replay: the deadline only.
+    /// pump, flag refresh, roster, claim replay: the deadline only.
     Background,
 }
 

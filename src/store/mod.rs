@@ -1,6 +1,6 @@
 //! Queue state behind one trait, `QueueStore`, with two implementations: `RedisStore` (all state in
-//! Redis, shared by every gateway replica, SPEC §9) and `MemoryStore` (in-process, single instance
-//! only, the embedded default). One contract test suite runs against both.
+//! Redis, shared by every gateway replica, docs/redis.md#keys) and `MemoryStore` (in-process,
+//! single instance only, the embedded default). One contract test suite runs against both.
 //!
 //! A store answers in terms of the domain (`EntryStatus`, `QueueStats`); it never builds HTTP
 //! responses and never mints tokens itself: the caller passes a ready candidate token in, so both
@@ -18,7 +18,7 @@ use async_trait::async_trait;
 
 use crate::queue::{QueueStats, QueueTarget};
 use crate::sale::{FieldError, Sale, SalePatch};
-use crate::share::Slice;
+use crate::slice::Slice;
 
 pub use guard::{GuardConfig, StoreGuard};
 pub use memory::MemoryStore;
@@ -26,7 +26,8 @@ pub use redis::url::{Deployment, RedisUrl};
 pub use redis::RedisStore;
 pub use scripts::{presence_channel, REGISTERED_KEY};
 
-/// How long the per-target keys live after their last write (SPEC §4: idle targets vanish).
+/// How long the per-target keys live after their last write (idle targets vanish:
+/// docs/api.md#idle-queues).
 pub const TARGET_KEY_TTL_SECS: u64 = 30 * 60;
 
 /// How many admission wait samples a target keeps for its statistics.
@@ -132,7 +133,7 @@ pub struct RosterEntry<'a> {
     /// same name retires this one from the roster.
     pub name: &'a str,
     /// The slice of the batch this instance asks to record: what it would admit per tick if cut
-    /// off from the store (`share.rs`).
+    /// off from the store (`slice.rs`).
     pub asked: Slice,
     /// This file's batch size (for the gateways of older versions, which record shares of it).
     pub batch: u32,
@@ -231,7 +232,7 @@ pub struct Roster {
     pub dead: u32,
     /// Members this registration dropped as retired (a newer instance with their name).
     pub retired_others: u32,
-    /// The roster's clock after this registration (`instances.lua`; 0: not kept, as on the
+    /// The roster's clock after this registration (`roster.lua`; 0: not kept, as on the
     /// memory store or in a leave).
     pub clock: u64,
     /// How many times a registration found Redis behind what an instance was answered before
@@ -420,7 +421,7 @@ pub enum DrawStep {
 }
 
 /// The whole batch, in the millionths `QueueStore::advance` takes.
-pub const WHOLE_BATCH_PPM: u32 = crate::share::UNIT;
+pub const WHOLE_BATCH_PPM: u32 = crate::slice::UNIT;
 
 /// The part of a sale's batch one admission step may admit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -428,7 +429,7 @@ pub struct Part {
     /// At most this many millionths of the batch (rounded down).
     pub ppm: u32,
     /// What the slices of the replicas that may be pacing on their own admit in the step's tick
-    /// is held back (`share.rs`).
+    /// is held back (`slice.rs`).
     pub held_back: Vec<Slice>,
     /// Only what this slice admits in the step's tick (a pump whose registration failed admits
     /// its own recorded slice: the others' never overlap it).
@@ -457,7 +458,7 @@ impl Part {
         let mut n = b * u64::from(self.ppm.min(WHOLE_BATCH_PPM)) / u64::from(WHOLE_BATCH_PPM);
         n = match self.only {
             Some(only) => n.min(only.cells(b, tick)),
-            None => n.saturating_sub(crate::share::cells_of(&self.held_back, b, tick)),
+            None => n.saturating_sub(crate::slice::cells_of(&self.held_back, b, tick)),
         };
         u32::try_from(n).unwrap_or(u32::MAX)
     }
@@ -485,8 +486,8 @@ pub trait QueueStore: Send + Sync + 'static {
     /// `memory` or `redis`, for logs and metrics.
     fn kind(&self) -> &'static str;
 
-    /// Atomic, idempotent enter (SPEC §4), within the sale's `maxCapacity`. The first enter of a
-    /// target nobody created a sale for creates it from the store's `SaleDefaults`.
+    /// Atomic, idempotent enter (docs/api.md#enter), within the sale's `maxCapacity`. The first
+    /// enter of a target nobody created a sale for creates it from the store's `SaleDefaults`.
     async fn enter(
         &self,
         target: QueueTarget,
@@ -574,11 +575,11 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Releases the lock if `owner` still holds it.
     async fn unlock(&self, target: QueueTarget, owner: &str) -> Result<(), StoreError>;
 
-    /// One admission step (SPEC §5) of at most the `part` of the sale's `batchSize` (`Part`) in
-    /// the step's tick (`now` over the sale's `tickMs`), refused within 0.95 of the sale's `tickMs` of the previous
-    /// one; nobody while the sale is paused. The Redis store times the guard with Redis' own clock
-    /// and ignores `now`; the memory store uses `now`, which lets a simulation drive it in
-    /// virtual time.
+    /// One admission step (docs/ARCHITECTURE.md#the-admission-pump) of at most the `part` of the
+    /// sale's `batchSize` (`Part`) in the step's tick (`now` over the sale's `tickMs`), refused
+    /// within 0.95 of the sale's `tickMs` of the previous one; nobody while the sale is paused. The
+    /// Redis store times the guard with Redis' own clock and ignores `now`; the memory store uses
+    /// `now`, which lets a simulation drive it in virtual time.
     async fn advance(
         &self,
         target: QueueTarget,

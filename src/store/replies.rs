@@ -299,10 +299,10 @@ pub fn rejoin(v: Value) -> Result<PollReply, StoreError> {
     }
 }
 
-/// `instances.lua`: `{live, recent, legacy held back, "s:e,..." held back, recorded "s:e",
+/// `roster.lua`: `{live, recent, legacy held back, "s:e,..." held back, recorded "s:e",
 /// desired "s:e", credit, retired, presence seen, dead, retired others}`.
-pub fn instances(v: Value) -> Result<super::Roster, StoreError> {
-    use crate::share::Slice;
+pub fn roster(v: Value) -> Result<super::Roster, StoreError> {
+    use crate::slice::Slice;
     let items = reply_array(v, "instances")?;
     let get = |i: usize| {
         items
@@ -360,7 +360,7 @@ pub fn flattened(v: Value) -> Value {
 }
 
 /// The roster for operators, from `queue:instances` (member → last seen) and its credit and
-/// presence hashes (`instances.lua`'s header). Members of older versions carry no slice.
+/// presence hashes (`roster.lua`'s header). Members of older versions carry no slice.
 pub fn roster_members(
     members: &[(String, String)],
     credit: &[(String, String)],

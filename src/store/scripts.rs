@@ -1,5 +1,5 @@
 //! The Lua scripts of `lua/`, compiled in and registered in one place, and the Redis key names
-//! they run on (SPEC §9).
+//! they run on (docs/redis.md#keys).
 //!
 //! Every per-target key carries the `{TYPE:ID}` hash tag so a script touches one cluster slot.
 
@@ -36,8 +36,8 @@ pub struct Scripts {
     pub unlock: Script,
     pub setnx: Script,
     pub claim: Script,
-    pub instances: Script,
-    pub admit: Script,
+    pub roster: Script,
+    pub open: Script,
     pub settings_read: Script,
     pub settings_write: Script,
     pub sale_write: Script,
@@ -60,8 +60,8 @@ impl Scripts {
             unlock: Script::new("unlock", include_str!("../../lua/unlock.lua")),
             setnx: Script::new("setnx", include_str!("../../lua/setnx.lua")),
             claim: Script::new("claim", include_str!("../../lua/claim.lua")),
-            instances: Script::new("instances", include_str!("../../lua/instances.lua")),
-            admit: Script::new("admit", include_str!("../../lua/admit.lua")),
+            roster: Script::new("roster", include_str!("../../lua/roster.lua")),
+            open: Script::new("open", include_str!("../../lua/open.lua")),
             settings_read: Script::new(
                 "settings_read",
                 include_str!("../../lua/settings_read.lua"),
@@ -90,8 +90,8 @@ impl Scripts {
             &self.unlock,
             &self.setnx,
             &self.claim,
-            &self.instances,
-            &self.admit,
+            &self.roster,
+            &self.open,
             &self.settings_read,
             &self.settings_write,
             &self.sale_write,
@@ -108,29 +108,32 @@ pub const ACTIVE_KEY: &str = "queue:active";
 
 pub use crate::allowed::REGISTERED_KEY;
 
-/// The replica roster (`instances.lua`): live gateway replicas, for the fail-open pacer.
-pub const INSTANCES_KEY: &str = "queue:instances";
+/// The replica roster (`roster.lua`): live gateway replicas, for the fail-open pacer.
+///
+/// The roster's keys keep the name they were first written with (`queue:instances…`): replicas
+/// of every version read and write the same keys during a rolling upgrade.
+pub const ROSTER_KEY: &str = "queue:instances";
 
-/// The heartbeat credits the instances report (`instances.lua`), in the roster's slot.
-pub const INSTANCES_CREDIT_KEY: &str = "{queue:instances}:credit";
+/// The heartbeat credits the instances report (`roster.lua`), in the roster's slot.
+pub const ROSTER_CREDIT_KEY: &str = "{queue:instances}:credit";
 
-/// Each instance's presence (`run_id|replica name`), in the roster's slot (`instances.lua`).
-pub const INSTANCES_PRESENCE_KEY: &str = "{queue:instances}:presence";
+/// Each instance's presence (`run_id|replica name`), in the roster's slot (`roster.lua`).
+pub const ROSTER_PRESENCE_KEY: &str = "{queue:instances}:presence";
 
-/// The roster's clock (`instances.lua`): registrations counted, and the rollbacks of Redis
+/// The roster's clock (`roster.lua`): registrations counted, and the rollbacks of Redis
 /// they found, in the roster's slot.
-pub const INSTANCES_CLOCK_KEY: &str = "{queue:instances}:clock";
+pub const ROSTER_CLOCK_KEY: &str = "{queue:instances}:clock";
 
 /// Roster retired by a newer one with their replica name, in the roster's slot.
-pub const INSTANCES_RETIRED_KEY: &str = "{queue:instances}:retired";
+pub const ROSTER_RETIRED_KEY: &str = "{queue:instances}:retired";
 
 /// The channel an instance's presence connection subscribes to (`presence.rs`): in the
-/// roster's slot, so a cluster keeps it (sharded) on the node that runs `instances.lua`.
+/// roster's slot, so a cluster keeps it (sharded) on the node that runs `roster.lua`.
 pub fn presence_channel(instance: &str) -> String {
     format!("{{queue:instances}}:presence:{instance}")
 }
 
-/// Every per-target key (SPEC §9): one enum, rendered in one place.
+/// Every per-target key (docs/redis.md#keys): one enum, rendered in one place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Key<'a> {
     Waiting,

@@ -20,7 +20,7 @@ use super::{
 };
 use crate::queue::{millis, QueueStats, QueueTarget};
 use crate::sale::{FieldError, Sale, SaleDefaults, SalePatch, SaleState};
-use crate::share::Slice;
+use crate::slice::Slice;
 
 mod chunked;
 mod fenwick;
@@ -256,7 +256,7 @@ impl MemoryStore {
     /// Whether `target` may get a queue: it has waiting users already, or fewer than the cap of
     /// targets have (an emptied or idle target does not count, as in Redis once the pump retired
     /// it) and the map has room for it (`HELD_PER_OPEN`).
-    fn admits_target(&self, target: QueueTarget, now: Now) -> Result<bool, StoreError> {
+    fn opens_queue(&self, target: QueueTarget, now: Now) -> Result<bool, StoreError> {
         let mut targets = self.targets.lock();
         let held = targets.map.get(&target);
         if held.is_some_and(|t| !t.waiting.is_empty()) {
@@ -322,7 +322,7 @@ impl QueueStore for MemoryStore {
         user: u64,
         now: Now,
     ) -> Result<EnterOutcome, StoreError> {
-        if !self.admits_target(target, now)? {
+        if !self.opens_queue(target, now)? {
             return Ok(EnterOutcome::TooManyTargets);
         }
         let operators = self.sales.lock().get(&target).cloned();

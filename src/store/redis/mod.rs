@@ -1,11 +1,11 @@
-//! `RedisStore`: all queue state in Redis (SPEC §9), shared by every gateway replica. This file
-//! holds the store's operations; how a script call reaches the right server (`EVALSHA` on the
-//! deployment's pipelined connections, a `NOSCRIPT` reply from a restarted or flushed Redis
+//! `RedisStore`: all queue state in Redis (docs/redis.md#keys), shared by every gateway replica.
+//! This file holds the store's operations; how a script call reaches the right server (`EVALSHA` on
+//! the deployment's pipelined connections, a `NOSCRIPT` reply from a restarted or flushed Redis
 //! loading the script and retrying once, never reaching the caller) is `dispatch.rs`. Other
-//! commands go through fred with the per-call timeout and fail-fast options. Every call is
-//! bounded by `command_timeout`; a disconnected client fails at once instead of queueing. Timeouts, refusals under `maxmemory` and disconnections come back as
-//! distinct `StoreError`s; what to do about them (breaker, deadlines, fail-open) is `StoreGuard`'s
-//! business, not this file's.
+//! commands go through fred with the per-call timeout and fail-fast options. Every call is bounded
+//! by `command_timeout`; a disconnected client fails at once instead of queueing. Timeouts,
+//! refusals under `maxmemory` and disconnections come back as distinct `StoreError`s; what to do
+//! about them (breaker, deadlines, fail-open) is `StoreGuard`'s business, not this file's.
 //!
 //! fred spawns its connection task on the runtime that calls `connect`, so `connect` is called
 //! from a Pingora background service whose runtime lives as long as the server.
@@ -43,8 +43,8 @@ use url::{Deployment, RedisUrl};
 
 use super::replies::{self, as_u64, reply_array, PollReply};
 use super::scripts::{
-    Key, Script, Scripts, TargetKeys, ACTIVE_KEY, INSTANCES_CLOCK_KEY, INSTANCES_CREDIT_KEY,
-    INSTANCES_KEY, INSTANCES_PRESENCE_KEY, INSTANCES_RETIRED_KEY,
+    Key, Script, Scripts, TargetKeys, ACTIVE_KEY, ROSTER_CLOCK_KEY, ROSTER_CREDIT_KEY, ROSTER_KEY,
+    ROSTER_PRESENCE_KEY, ROSTER_RETIRED_KEY,
 };
 use super::{
     Advance, ClaimTake, ClaimTerms, EnterOutcome, Mint, Now, Part, PollOutcome, PresenceKind,
@@ -358,14 +358,14 @@ impl RedisStore {
     }
 
     /// Whether `target` may get a queue: it is in `queue:active`, or there is room and it is
-    /// added in the same step (`admit.lua`: exact under concurrency).
-    async fn admits_target(&self, target: QueueTarget) -> Result<bool, StoreError> {
+    /// added in the same step (`open.lua`: exact under concurrency).
+    async fn opens_queue(&self, target: QueueTarget) -> Result<bool, StoreError> {
         let argv = vec![
             target.to_string().into(),
             self.max_targets.to_string().into(),
         ];
         let reply = self
-            .eval(&self.scripts.admit, vec![ACTIVE_KEY.to_string()], argv)
+            .eval(&self.scripts.open, vec![ACTIVE_KEY.to_string()], argv)
             .await?;
         Ok(as_u64(&reply, "admit")? == 1)
     }
@@ -378,7 +378,7 @@ impl RedisStore {
             .is_some_and(|at| at.elapsed() < ACTIVE_REFRESH)
     }
 
-    /// `admit.lua`, remembering a success for `ACTIVE_REFRESH`. Boxed: it runs about once per
+    /// `open.lua`, remembering a success for `ACTIVE_REFRESH`. Boxed: it runs about once per
     /// target and instance every `ACTIVE_REFRESH`, and inline its script call would make every
     /// enter's and poll's future larger (a future is copied whole when it is boxed).
     fn admit_and_note(
@@ -389,7 +389,7 @@ impl RedisStore {
     }
 
     async fn admit_and_note_now(&self, target: QueueTarget) -> Result<bool, StoreError> {
-        let admitted = self.admits_target(target).await?;
+        let admitted = self.opens_queue(target).await?;
         let mut seen = self.marked_active.lock();
         if admitted {
             let now = Instant::now();
@@ -429,7 +429,7 @@ impl QueueStore for RedisStore {
         user: u64,
         now: Now,
     ) -> Result<EnterOutcome, StoreError> {
-        // The cap: a target this instance did not see admitted lately goes through admit.lua
+        // The cap: a target this instance did not see admitted lately goes through open.lua
         // first; a known one skips that round trip.
         let known = self.admitted_recently(target);
         if !known && !self.admit_and_note(target).await? {
@@ -662,7 +662,7 @@ impl QueueStore for RedisStore {
             };
             // Targets whose keys expired, or that a first enter has only just admitted, are
             // visited too: the pump retires a target only after finding it empty on two ticks,
-            // so an enter racing between `admit.lua` and `enter.lua` never loses its place in
+            // so an enter racing between `open.lua` and `enter.lua` never loses its place in
             // the cap (and the cap never admits a 51st of 50).
             targets.push(target);
         }
@@ -1043,14 +1043,14 @@ impl QueueStore for RedisStore {
             r.rollbacks_known.to_string().into(),
         ];
         let keys = vec![
-            INSTANCES_KEY.to_string(),
-            INSTANCES_CREDIT_KEY.to_string(),
-            INSTANCES_PRESENCE_KEY.to_string(),
-            INSTANCES_RETIRED_KEY.to_string(),
-            INSTANCES_CLOCK_KEY.to_string(),
+            ROSTER_KEY.to_string(),
+            ROSTER_CREDIT_KEY.to_string(),
+            ROSTER_PRESENCE_KEY.to_string(),
+            ROSTER_RETIRED_KEY.to_string(),
+            ROSTER_CLOCK_KEY.to_string(),
         ];
-        let reply = self.eval(&self.scripts.instances, keys, argv).await?;
-        replies::instances(reply)
+        let reply = self.eval(&self.scripts.roster, keys, argv).await?;
+        replies::roster(reply)
     }
 
     async fn roster_members(&self) -> Result<Vec<RosterMember>, StoreError> {
@@ -1060,7 +1060,7 @@ impl QueueStore for RedisStore {
             .command(
                 "ZRANGE",
                 vec![
-                    INSTANCES_KEY.into(),
+                    ROSTER_KEY.into(),
                     "0".into(),
                     "-1".into(),
                     "WITHSCORES".into(),
@@ -1069,11 +1069,11 @@ impl QueueStore for RedisStore {
             .await
             .map_err(store_err)?;
         let credit = self
-            .command("HGETALL", vec![INSTANCES_CREDIT_KEY.into()])
+            .command("HGETALL", vec![ROSTER_CREDIT_KEY.into()])
             .await
             .map_err(store_err)?;
         let presence = self
-            .command("HGETALL", vec![INSTANCES_PRESENCE_KEY.into()])
+            .command("HGETALL", vec![ROSTER_PRESENCE_KEY.into()])
             .await
             .map_err(store_err)?;
         Ok(replies::roster_members(

@@ -1,5 +1,5 @@
 //! This instance's presence connection: one connection of its own, subscribed to the instance's
-//! channel (`scripts::presence_channel`), that the replica roster (`instances.lua`) looks
+//! channel (`scripts::presence_channel`), that the replica roster (`roster.lua`) looks
 //! for when the instance stops registering. A process that exits or is killed closes it, and
 //! Redis sees that at once: the roster then drops the instance instead of holding its slice
 //! back for `fail_open.paced_for_s`. A replica cut off by a partition leaves it open on Redis'

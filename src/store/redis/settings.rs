@@ -7,7 +7,7 @@ use fred::prelude::*;
 use super::{store_err, RedisStore};
 use crate::settings::{DocKind, Reading};
 use crate::store::replies::{protocol, reply_array};
-use crate::store::scripts::INSTANCES_KEY;
+use crate::store::scripts::ROSTER_KEY;
 use crate::store::StoreError;
 
 impl RedisStore {
@@ -109,7 +109,7 @@ impl RedisStore {
         let count = self
             .command(
                 "ZCOUNT",
-                vec![INSTANCES_KEY.into(), from.to_string().into(), "+inf".into()],
+                vec![ROSTER_KEY.into(), from.to_string().into(), "+inf".into()],
             )
             .await
             .map_err(store_err)?;
