@@ -5,7 +5,7 @@
 # Redis, `vq-sim record-backend` behind them, and `vq-sim simulate` through nginx.
 # Each spike rate given is one run on a fresh Redis and fresh gateways; a table row per run.
 # CONSOLE_SHOT=file.png takes a screenshot of the first gateway's operator console (headless
-# chromium) CONSOLE_AT_S seconds into each run (the README's picture).
+# chromium) CONSOLE_AT_S seconds into each run (the picture of docs/operations.md, The operator console).
 # Usage: [SPIKE_S=10] [TAIL_RATE=0] [TAIL_S=0] [BATCH=500] [TICK_MS=1000] [MAX_S=40]
 #        [SALES="limited-drop:1"] [POLL_S=seconds: ignore pollAfterSeconds] [OUT=target/sale]
 #        [HB_S=60] [CONSOLE_SHOT=file.png] [CONSOLE_AT_S=20] benches/sale.sh [spike rate/s ...]

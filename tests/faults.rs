@@ -5,7 +5,7 @@
 //!
 //! For each fault: no 5xx, degraded mode ends within a second of Redis answering again, no user
 //! who held a position is lost, and the purchases the backend sees stay within the documented
-//! bound: in any `n` consecutive ticks at most `(n + 2) × batch` (README, "Failures"): one tick
+//! bound: in any `n` consecutive ticks at most `(n + 2) × batch` (docs/failures.md): one tick
 //! of lag for users who buy the tick after their admission, and one extra batch for an advance
 //! that was sent before a stall and ran when Redis resumed. (The replicas' paced slices are
 //! disjoint, so together they admit at most a batch in any tick.)

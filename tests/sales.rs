@@ -977,7 +977,7 @@ fn every_entrant_has_the_same_chance_whenever_it_entered() {
 
 /// The ETA of a sale with abandonment, measured by the simulator against two replicas on Redis:
 /// live users ahead over the measured admission rate of live users, never rising between one
-/// answer and the next, its error reported (median, p90) for the README.
+/// answer and the next, its error reported (median, p90) for docs/api.md.
 #[test]
 fn etas_follow_the_measured_rate_and_never_rise() {
     let _serial = serial();

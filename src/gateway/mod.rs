@@ -11,8 +11,8 @@
 //!   continues to the backend.
 //! - `upstream_request_filter`: forward the canonical path of a gated route (origin-form), never
 //!   the entry token.
-//! - `upstream_response_filter`: a backend refusal (final status ≥ 300) gives the single-use
-//!   claim back; a request that reached the backend and got no final answer keeps it.
+//! - `upstream_response_filter`: a 2xx or 3xx answer spends the single-use claim, a 4xx or 5xx
+//!   gives it back; a request that reached the backend and got no final answer keeps it.
 //! - `upstream_peer`: the backend, resolved once at start, with connect/read/write timeouts.
 //! - `fail_to_proxy`: a backend that is down or slow becomes a JSON 502/504, never a hang.
 //! - `logging`: one structured line and the request metrics.
