@@ -42,8 +42,13 @@ impl AdminToken {
     /// that can stop a sale).
     pub fn from_env(var: Option<&str>) -> Result<Option<AdminToken>, String> {
         let Some(var) = var else { return Ok(None) };
-        let value = std::env::var(var)
-            .map_err(|_| format!("server.admin_token_env names ${var}, which is not set"))?;
+        AdminToken::from_value(var, std::env::var(var).ok().as_deref()).map(Some)
+    }
+
+    /// The token `value` of the variable `var` (`None`: unset; the name is for the errors).
+    pub fn from_value(var: &str, value: Option<&str>) -> Result<AdminToken, String> {
+        let value = value
+            .ok_or_else(|| format!("server.admin_token_env names ${var}, which is not set"))?;
         if value.len() < 16 {
             return Err(format!(
                 "${var} (server.admin_token_env) must hold at least 16 bytes"
@@ -58,7 +63,7 @@ impl AdminToken {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        Ok(Some(AdminToken { key, tag, id }))
+        Ok(AdminToken { key, tag, id })
     }
 
     /// The credential's id for the audit log (`sha256:` and 12 hex digits).
@@ -389,10 +394,7 @@ mod tests {
 
     #[test]
     fn only_the_bearer_token_is_accepted() {
-        std::env::set_var("VQ_TEST_ADMIN_TOKEN_A", "0123456789abcdef-secret");
-        let t = AdminToken::from_env(Some("VQ_TEST_ADMIN_TOKEN_A"))
-            .unwrap()
-            .unwrap();
+        let t = AdminToken::from_value("VQ_ADMIN_TOKEN", Some("0123456789abcdef-secret")).unwrap();
         assert!(t.accepts(Some(b"Bearer 0123456789abcdef-secret")));
         for bad in [
             &b"Bearer 0123456789abcdef-secreT"[..],
@@ -405,8 +407,8 @@ mod tests {
             assert!(!t.accepts(Some(bad)), "{bad:?}");
         }
         assert!(!t.accepts(None));
-        std::env::set_var("VQ_TEST_ADMIN_TOKEN_B", "short");
-        assert!(AdminToken::from_env(Some("VQ_TEST_ADMIN_TOKEN_B")).is_err());
+        assert!(AdminToken::from_value("VQ_ADMIN_TOKEN", Some("short")).is_err());
+        assert!(AdminToken::from_value("VQ_ADMIN_TOKEN", None).is_err());
         assert!(AdminToken::from_env(Some("VQ_TEST_ADMIN_TOKEN_UNSET")).is_err());
         assert!(AdminToken::from_env(None).unwrap().is_none());
     }

@@ -463,7 +463,7 @@ impl Part {
         u32::try_from(n).unwrap_or(u32::MAX)
     }
 
-    /// The part as `advance.lua` reads it (its ARGV[6]): "" (none), "=start:end" (only) or
+    /// The part as `advance.lua` reads it (its `ARGV[6]`): "" (none), "=start:end" (only) or
     /// "-start:end,..." (held back); a step with both holds back within the only slice, which
     /// the roster keeps disjoint from the others, so "only" alone says it.
     pub fn script_arg(&self) -> String {
