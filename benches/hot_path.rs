@@ -16,11 +16,11 @@ use vq_gateway::flag::bucket;
 use vq_gateway::queue::{EntryStatus, QueueEntryResponse, TargetType};
 use vq_gateway::routing::gated::{match_route, GateRoute};
 use vq_gateway::routing::path::canonicalize;
-use vq_gateway::token::{mint, mint_ticket, verify, TicketClaims, TokenClaims, TokenKeys};
+use vq_gateway::token::{mint, mint_ticket, verify, TicketPayload, TokenKeys, TokenPayload};
 
 fn token(c: &mut Criterion) {
     let keys = TokenKeys::new(b"bench-secret-0123456789abcdefghijklmnop", None);
-    let claims = TokenClaims {
+    let claims = TokenPayload {
         target_type: TargetType::LimitedDrop,
         target_id: 42,
         user_id: 1001,
@@ -31,7 +31,7 @@ fn token(c: &mut Criterion) {
         b.iter(|| verify(&keys, black_box(&t), 1_900_000_000))
     });
     c.bench_function("token mint", |b| b.iter(|| mint(&keys, black_box(&claims))));
-    let ticket = TicketClaims {
+    let ticket = TicketPayload {
         target_type: TargetType::LimitedDrop,
         target_id: 42,
         user_id: 1001,

@@ -416,14 +416,14 @@ impl RedisConnection {
                 }
                 continue;
             }
-            let claims = crate::token::TokenClaims {
+            let payload = crate::token::TokenPayload {
                 target_type: target.kind,
                 target_id: target.id,
                 user_id: user,
                 expires_at,
             };
             let token = crate::store::TokenCandidate {
-                token: crate::token::mint(&self.state.keys, &claims),
+                token: crate::token::mint(&self.state.keys, &payload),
                 expires_at,
             };
             match crate::store::QueueStore::record_paced(&**store, target, user, &token, now).await

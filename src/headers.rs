@@ -13,7 +13,7 @@ pub const TOKEN_HEADER: HeaderName = HeaderName::from_static("x-entry-token");
 /// sets on requests it forwards to the backend.
 pub const USER_HEADER: HeaderName = HeaderName::from_static("x-user-id");
 
-/// Where a client sends back the queue ticket of its last waiting answer (`token::TicketClaims`).
+/// Where a client sends back the queue ticket of its last waiting answer (`token::TicketPayload`).
 pub const TICKET_HEADER: HeaderName = HeaderName::from_static("x-queue-ticket");
 
 /// Headers that ask some frameworks to treat a POST as another method; never allowed on a gated

@@ -10,7 +10,7 @@
 //! ```
 //!
 //! It does no I/O and reads no clock: the caller passes "now" in, which keeps
-//! verification deterministic and testable. Checking that the claims match the
+//! verification deterministic and testable. Checking that the payload match the
 //! requested route and user is the caller's job.
 
 use base64::alphabet;
@@ -92,7 +92,7 @@ impl std::fmt::Debug for TokenKeys {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenClaims {
+pub struct TokenPayload {
     pub target_type: TargetType,
     pub target_id: u64,
     pub user_id: u64,
@@ -125,14 +125,14 @@ impl TokenError {
 }
 
 /// Always signs with the current key. Claims with a zero id or expiry yield a
-/// token that [`verify`] rejects; the caller builds claims from validated ids.
-pub fn mint(keys: &TokenKeys, claims: &TokenClaims) -> String {
+/// token that [`verify`] rejects; the caller builds payload from validated ids.
+pub fn mint(keys: &TokenKeys, payload: &TokenPayload) -> String {
     let payload = format!(
         "{}|{}|{}|{}",
-        claims.target_type.as_str(),
-        claims.target_id,
-        claims.user_id,
-        claims.expires_at
+        payload.target_type.as_str(),
+        payload.target_id,
+        payload.user_id,
+        payload.expires_at
     );
     signed(keys, &payload)
 }
@@ -152,14 +152,14 @@ pub fn verify(
     keys: &TokenKeys,
     token: &str,
     now_epoch_secs: u64,
-) -> Result<TokenClaims, TokenError> {
+) -> Result<TokenPayload, TokenError> {
     let mut payload_buf = [0u8; MAX_TOKEN_LEN / 4 * 3];
     let payload = authenticated(keys, token, &mut payload_buf)?;
-    let claims = parse_payload(payload).ok_or(TokenError::Malformed)?;
-    if claims.expires_at <= now_epoch_secs {
+    let payload = parse_payload(payload).ok_or(TokenError::Malformed)?;
+    if payload.expires_at <= now_epoch_secs {
         return Err(TokenError::Expired);
     }
-    Ok(claims)
+    Ok(payload)
 }
 
 /// The payload of a signed string (`base64url(payload) "." base64url(mac)`), decoded into
@@ -198,7 +198,7 @@ fn authenticated<'b>(
 /// one sale, and never an entry token (its payload has six fields and starts with `TICKET`, an
 /// entry token's has four).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TicketClaims {
+pub struct TicketPayload {
     pub target_type: TargetType,
     pub target_id: u64,
     pub user_id: u64,
@@ -209,7 +209,7 @@ pub struct TicketClaims {
 const TICKET_TAG: &[u8] = b"TICKET";
 
 /// `base64url("TICKET|{TYPE}|{targetId}|{userId}|{seq}|{expiresAt}") "." base64url(HMAC)`.
-pub fn mint_ticket(keys: &TokenKeys, t: &TicketClaims) -> String {
+pub fn mint_ticket(keys: &TokenKeys, t: &TicketPayload) -> String {
     use std::fmt::Write as _;
     // Every enter answer carries one: two allocations, the payload and the ticket.
     let mut payload = String::with_capacity(80);
@@ -230,7 +230,7 @@ pub fn verify_ticket(
     keys: &TokenKeys,
     ticket: &str,
     now_epoch_secs: u64,
-) -> Result<TicketClaims, TokenError> {
+) -> Result<TicketPayload, TokenError> {
     let mut payload_buf = [0u8; MAX_TOKEN_LEN / 4 * 3];
     let payload = authenticated(keys, ticket, &mut payload_buf)?;
     let mut fields = payload.split(|&b| b == b'|');
@@ -245,8 +245,8 @@ pub fn verify_ticket(
     ) else {
         return Err(TokenError::Malformed);
     };
-    let claims = (|| {
-        Some(TicketClaims {
+    let payload = (|| {
+        Some(TicketPayload {
             target_type: TargetType::from_enum_bytes(kind)?,
             target_id: positive_id(target)?,
             user_id: positive_id(user)?,
@@ -255,10 +255,10 @@ pub fn verify_ticket(
         })
     })()
     .ok_or(TokenError::Malformed)?;
-    if claims.expires_at <= now_epoch_secs {
+    if payload.expires_at <= now_epoch_secs {
         return Err(TokenError::Expired);
     }
-    Ok(claims)
+    Ok(payload)
 }
 
 /// Strict base64url without padding into `out`, by the [`B64`] engine: only the 64 characters,
@@ -268,7 +268,7 @@ fn decode_b64url(input: &[u8], out: &mut [u8]) -> Option<usize> {
     B64.decode_slice(input, out).ok()
 }
 
-fn parse_payload(payload: &[u8]) -> Option<TokenClaims> {
+fn parse_payload(payload: &[u8]) -> Option<TokenPayload> {
     // Split as bytes (fields are short; no search call per field); each field is read as bytes.
     let mut fields = payload.split(|&b| b == b'|');
     let (Some(kind), Some(target), Some(user), Some(exp), None) = (
@@ -280,7 +280,7 @@ fn parse_payload(payload: &[u8]) -> Option<TokenClaims> {
     ) else {
         return None;
     };
-    Some(TokenClaims {
+    Some(TokenPayload {
         target_type: TargetType::from_enum_bytes(kind)?,
         target_id: positive_id(target)?,
         user_id: positive_id(user)?,
@@ -308,8 +308,8 @@ mod tests {
         TokenKeys::new(SECRET, None)
     }
 
-    fn claims() -> TokenClaims {
-        TokenClaims {
+    fn payload() -> TokenPayload {
+        TokenPayload {
             target_type: TargetType::LimitedDrop,
             target_id: 42,
             user_id: 1001,
@@ -330,9 +330,9 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let token = mint(&keys(), &claims());
-        assert_eq!(verify(&keys(), &token, NOW), Ok(claims()));
-        let ticket = TokenClaims {
+        let token = mint(&keys(), &payload());
+        assert_eq!(verify(&keys(), &token, NOW), Ok(payload()));
+        let ticket = TokenPayload {
             target_type: TargetType::TicketingEvent,
             target_id: u64::MAX,
             user_id: 1,
@@ -344,14 +344,14 @@ mod tests {
 
     #[test]
     fn known_answer_vector() {
-        assert_eq!(mint(&keys(), &claims()), KNOWN_ANSWER);
-        assert_eq!(verify(&keys(), KNOWN_ANSWER, NOW), Ok(claims()));
+        assert_eq!(mint(&keys(), &payload()), KNOWN_ANSWER);
+        assert_eq!(verify(&keys(), KNOWN_ANSWER, NOW), Ok(payload()));
     }
 
     #[test]
     fn independent_implementation_interoperates() {
         let token = sign_raw(SECRET, b"TICKETING_EVENT|7|99|1783591200");
-        let expected = TokenClaims {
+        let expected = TokenPayload {
             target_type: TargetType::TicketingEvent,
             target_id: 7,
             user_id: 99,
@@ -360,14 +360,14 @@ mod tests {
         assert_eq!(verify(&keys(), &token, NOW), Ok(expected.clone()));
         assert_eq!(mint(&keys(), &expected), token);
         assert_eq!(
-            mint(&keys(), &claims()),
+            mint(&keys(), &payload()),
             sign_raw(SECRET, b"LIMITED_DROP|42|1001|1783591200")
         );
     }
 
     #[test]
     fn every_single_byte_mutation_is_rejected() {
-        let token = mint(&keys(), &claims());
+        let token = mint(&keys(), &payload());
         let original = token.as_bytes();
         let alternatives: &[u8] = b"Aa0zZ9-_.=+/| \x00~%";
         let mut variants: Vec<Vec<u8>> = Vec::new();
@@ -410,23 +410,26 @@ mod tests {
 
     #[test]
     fn wrong_secret_is_rejected() {
-        let token = mint(&TokenKeys::new(b"another secret entirely", None), &claims());
+        let token = mint(
+            &TokenKeys::new(b"another secret entirely", None),
+            &payload(),
+        );
         assert_eq!(verify(&keys(), &token, NOW), Err(TokenError::BadSignature));
     }
 
     #[test]
     fn previous_key_verifies_but_never_signs() {
         let rotated = TokenKeys::new(SECRET, Some(OLD_SECRET));
-        let old_token = mint(&TokenKeys::new(OLD_SECRET, None), &claims());
-        assert_eq!(verify(&rotated, &old_token, NOW), Ok(claims()));
+        let old_token = mint(&TokenKeys::new(OLD_SECRET, None), &payload());
+        assert_eq!(verify(&rotated, &old_token, NOW), Ok(payload()));
         assert_eq!(
             verify(&keys(), &old_token, NOW),
             Err(TokenError::BadSignature)
         );
 
-        let minted = mint(&rotated, &claims());
+        let minted = mint(&rotated, &payload());
         assert_ne!(minted, old_token);
-        assert_eq!(minted, mint(&keys(), &claims()));
+        assert_eq!(minted, mint(&keys(), &payload()));
         let only_old = TokenKeys::new(OLD_SECRET, None);
         assert_eq!(
             verify(&only_old, &minted, NOW),
@@ -436,27 +439,27 @@ mod tests {
 
     #[test]
     fn expiry_is_exclusive() {
-        let token = mint(&keys(), &claims());
-        let exp = claims().expires_at;
+        let token = mint(&keys(), &payload());
+        let exp = payload().expires_at;
         assert_eq!(verify(&keys(), &token, exp), Err(TokenError::Expired));
         assert_eq!(verify(&keys(), &token, exp + 1), Err(TokenError::Expired));
         assert_eq!(verify(&keys(), &token, u64::MAX), Err(TokenError::Expired));
-        assert_eq!(verify(&keys(), &token, exp - 1), Ok(claims()));
+        assert_eq!(verify(&keys(), &token, exp - 1), Ok(payload()));
     }
 
     #[test]
     fn future_dated_within_ttl_is_accepted() {
         let now = 1_700_000_000;
-        let c = TokenClaims {
+        let c = TokenPayload {
             expires_at: now + 300,
-            ..claims()
+            ..payload()
         };
         assert_eq!(verify(&keys(), &mint(&keys(), &c), now), Ok(c));
     }
 
     #[test]
     fn padding_and_standard_alphabet_are_rejected() {
-        let token = mint(&keys(), &claims());
+        let token = mint(&keys(), &payload());
         for bad in [
             format!("{token}="),
             format!("{token}=="),
@@ -482,7 +485,7 @@ mod tests {
 
     #[test]
     fn structural_errors_are_malformed() {
-        let token = mint(&keys(), &claims());
+        let token = mint(&keys(), &payload());
         let (p, m) = token.split_once('.').unwrap();
         for bad in [
             String::new(),
@@ -586,7 +589,7 @@ mod tests {
         );
     }
 
-    fn arb_claims() -> impl Strategy<Value = (TokenClaims, u64)> {
+    fn arb_payload() -> impl Strategy<Value = (TokenPayload, u64)> {
         (
             prop_oneof![
                 Just(TargetType::LimitedDrop),
@@ -599,7 +602,7 @@ mod tests {
             .prop_flat_map(|(target_type, target_id, user_id, now)| {
                 ((now + 1)..=u64::MAX).prop_map(move |expires_at| {
                     (
-                        TokenClaims {
+                        TokenPayload {
                             target_type,
                             target_id,
                             user_id,
@@ -645,7 +648,7 @@ mod tests {
         }
 
         #[test]
-        fn mint_verify_round_trips((c, now) in arb_claims()) {
+        fn mint_verify_round_trips((c, now) in arb_payload()) {
             let token = mint(&keys(), &c);
             prop_assert!(token.len() <= MAX_TOKEN_LEN);
             prop_assert_eq!(verify(&keys(), &token, now), Ok(c));
@@ -655,7 +658,7 @@ mod tests {
     #[test]
     fn tickets_round_trip_and_are_never_tokens() {
         let keys = TokenKeys::new(b"0123456789abcdef0123456789abcdef", None);
-        let t = TicketClaims {
+        let t = TicketPayload {
             target_type: TargetType::LimitedDrop,
             target_id: 42,
             user_id: 1001,
@@ -671,7 +674,7 @@ mod tests {
         assert_eq!(verify(&keys, &ticket, 1_000), Err(TokenError::Malformed));
         let token = mint(
             &keys,
-            &TokenClaims {
+            &TokenPayload {
                 target_type: TargetType::LimitedDrop,
                 target_id: 42,
                 user_id: 1001,

@@ -9,7 +9,7 @@ use vq_gateway::config::Config;
 use vq_gateway::queue::TargetType;
 use vq_gateway::routing::gated::{lookalike, match_route};
 use vq_gateway::routing::path::canonicalize;
-use vq_gateway::token::{mint, verify, TokenClaims, TokenKeys};
+use vq_gateway::token::{mint, verify, TokenKeys, TokenPayload};
 
 /// Path-ish bytes: mostly the characters that matter for tricks, plus anything.
 fn pathish() -> impl Strategy<Value = Vec<u8>> {
@@ -104,9 +104,9 @@ proptest! {
         user in 1u64..u64::MAX, id in 1u64..u64::MAX, pos in any::<prop::sample::Index>(), byte in any::<u8>()
     ) {
         let keys = TokenKeys::new(b"0123456789abcdef0123456789abcdef", None);
-        let claims = TokenClaims { target_type: TargetType::LimitedDrop, target_id: id, user_id: user, expires_at: 2_000_000_000 };
-        let token = mint(&keys, &claims);
-        prop_assert_eq!(verify(&keys, &token, 1_000).unwrap(), claims);
+        let payload = TokenPayload { target_type: TargetType::LimitedDrop, target_id: id, user_id: user, expires_at: 2_000_000_000 };
+        let token = mint(&keys, &payload);
+        prop_assert_eq!(verify(&keys, &token, 1_000).unwrap(), payload);
         let mut bytes = token.clone().into_bytes();
         let i = pos.index(bytes.len());
         prop_assume!(bytes[i] != byte);

@@ -13,7 +13,7 @@ use std::time::Duration;
 use base64::Engine;
 use common::*;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
-use vq_gateway::token::{mint, TokenClaims, TokenKeys};
+use vq_gateway::token::{mint, TokenKeys, TokenPayload};
 
 const Q: &str = "/virtual-queues/limited-drop/42";
 const ORDERS: &str = "/limited-drops/42/orders";
@@ -238,7 +238,7 @@ fn the_gate_matches_the_entry_token_to_the_verified_user() {
     let keys = TokenKeys::new(TEST_SECRET.as_bytes(), None);
     let entry = mint(
         &keys,
-        &TokenClaims {
+        &TokenPayload {
             target_type: vq_gateway::queue::TargetType::LimitedDrop,
             target_id: 42,
             user_id: 1001,

@@ -24,7 +24,7 @@ use crate::queue::{
 };
 use crate::sale::{BookLookup, SaleView};
 use crate::store::{EnterOutcome, Now, PollOutcome, QueueStore, StoreError, TokenCandidate};
-use crate::token::{mint, mint_ticket, verify_ticket, TicketClaims, TokenClaims};
+use crate::token::{mint, mint_ticket, verify_ticket, TicketPayload, TokenPayload};
 
 pub use crate::headers::USER_HEADER;
 
@@ -159,14 +159,14 @@ fn token_expiring(
     user: u64,
     expires_at: u64,
 ) -> TokenCandidate {
-    let claims = TokenClaims {
+    let payload = TokenPayload {
         target_type: target.kind,
         target_id: target.id,
         user_id: user,
         expires_at,
     };
     TokenCandidate {
-        token: mint(&state.keys, &claims),
+        token: mint(&state.keys, &payload),
         expires_at,
     }
 }
@@ -327,7 +327,7 @@ fn waiting_with_ticket(
     }
     let ticket = mint_ticket(
         &state.keys,
-        &TicketClaims {
+        &TicketPayload {
             target_type: target.kind,
             target_id: target.id,
             user_id: user,

@@ -161,24 +161,24 @@ pub async fn check(
         return Err(bad("token_too_long", "the entry token is too long"));
     }
     let now_s = now.epoch_ms / 1000;
-    let claims = verify(&state.keys, token, now_s).map_err(|e| Denied {
+    let payload = verify(&state.keys, token, now_s).map_err(|e| Denied {
         error: ApiError::BypassDenied("the entry token is not valid"),
         reason: e.reason(),
     })?;
-    if claims.target_type != target.kind || claims.target_id != target.id {
+    if payload.target_type != target.kind || payload.target_id != target.id {
         return Err(deny("wrong_target", "the entry token is for another sale"));
     }
-    if claims.user_id != user {
+    if payload.user_id != user {
         return Err(deny(
             "wrong_user",
             "the entry token belongs to another user",
         ));
     }
-    if claims.expires_at > now_s + state.config.token.ttl.as_secs() + EXPIRY_SKEW_SECS {
+    if payload.expires_at > now_s + state.config.token.ttl.as_secs() + EXPIRY_SKEW_SECS {
         return Err(deny("expiry_too_far", "the entry token is not valid"));
     }
     if let Some(since) = queued_since {
-        issued_before_queue(state, target, user, token, &claims, since, now).await?;
+        issued_before_queue(state, target, user, token, &payload, since, now).await?;
     }
     if !state.config.token.single_use {
         return Ok(Passed {
@@ -205,7 +205,7 @@ pub async fn check(
     }
     // Held until the token has expired on every instance, not only on this one: a replica whose
     // clock is up to EXPIRY_SKEW_SECS behind still accepts it until then.
-    let held_until = claims.expires_at.saturating_add(EXPIRY_SKEW_SECS);
+    let held_until = payload.expires_at.saturating_add(EXPIRY_SKEW_SECS);
     let unconfirmed = |reason| Denied {
         error: ApiError::QueueUnavailable,
         reason,
@@ -269,7 +269,7 @@ pub async fn check(
         // seen it spent (or will), and a local claim here would let it through once more. The
         // purchase waits; a retry reaches the replica that issued it, or the store once it is
         // back (docs/state.md: one use per token during an outage).
-        Err(_) if !vouches(state, target, user, claims.expires_at, now.epoch_ms) => {
+        Err(_) if !vouches(state, target, user, payload.expires_at, now.epoch_ms) => {
             Err(unconfirmed("claim_unvouched"))
         }
         // Redis is down: HMAC and expiry still hold; the claim is kept on this replica (on disk
@@ -383,11 +383,11 @@ async fn issued_before_queue(
     target: QueueTarget,
     user: u64,
     token: &str,
-    claims: &crate::token::TokenClaims,
+    payload: &crate::token::TokenPayload,
     since: u64,
     now: Now,
 ) -> Result<(), Denied> {
-    let issued_at = claims
+    let issued_at = payload
         .expires_at
         .saturating_sub(state.config.token.ttl.as_secs());
     if issued_at >= since.saturating_add(QUEUED_SETTLE_SECS) {

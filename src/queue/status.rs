@@ -47,7 +47,7 @@ pub struct QueueEntryResponse {
     pub degraded: bool,
     /// A signed proof of the user's place (additive; on enter answers while `WAITING`): sent
     /// back in `X-Queue-Ticket`, it gives the user precedence over fresh arrivals, by seq, while
-    /// the store is down (`token::TicketClaims`).
+    /// the store is down (`token::TicketPayload`).
     pub queue_ticket: Option<String>,
     /// The sale's opening (additive; only while pre-queued): the draw then gives the user a
     /// place.
