@@ -2,8 +2,6 @@
 //!
 //! # Layout
 //! - `app`      — `AppState`, the shared state of a running gateway (built by `server`).
-//! - `background` — the Redis connection (start-up, health probe, claim write-back), the
-//!   run-time settings refresher (flag, registered sales) and the JWT key watcher.
 //! - `clock`    — the one clock: `Now` and wall time for requests, `Clock` (real or virtual) for
 //!   the pump.
 //! - `config`   — TOML file (`file.rs`, serde enums) → validated (`check.rs`) `Config`, one typed
@@ -17,9 +15,10 @@
 //! - `gateway`  — the public listener (`ProxyHttp`): `route` (classification, `ApiOp`),
 //!   `hygiene` (header, method and upgrade spellings refused before routing), `api` (queue
 //!   handlers), `gate` (`decide`: the entry-token check), `conn` (connections at once,
-//!   their time bounds and eviction), `admin` (health, readiness, metrics), `sales` (the admin API of sales:
-//!   `/sales`, bearer token), `console` (the operator console: its page, its state, the flag's
-//!   `/flag`).
+//!   their time bounds and eviction).
+//! - `admin`    — the admin listener: health, readiness, metrics, `sales` (the admin API of
+//!   sales: `/sales`, bearer token), `console` (the operator console: its page, its state, the
+//!   flag's `/flag`).
 //! - `routing`  — pure: `path` (strict canonicalisation) and `gated` (the purchase route table:
 //!   templates compiled from `gate.routes`, matching, look-alikes); shared by `gateway` and
 //!   `config`.
@@ -43,7 +42,7 @@
 //! - `failopen` — what a replica does while its store cannot be used: the mode and the paced
 //!   budget. No I/O.
 //! - `claims`   — the single-use claims a replica remembers: in flight (their leases renewed by
-//!   `background`), spent, and those taken while Redis was down (journalled to disk in
+//!   `services::claim_leases`), spent, and those taken while Redis was down (journalled to disk in
 //!   `claims/journal.rs`, written back once spent).
 //! - `issued`   — the entry tokens this replica answered for admissions (sale, user → expiry):
 //!   the same token again when the store lost the issue, written back after a rollback. No I/O.
@@ -52,6 +51,9 @@
 //! - `pump`     — admission pump background service: lock, advance, sweep
 //!   (docs/ARCHITECTURE.md). Depends on `store`, `clock`, `failopen` and `metrics` only;
 //!   `tests/simulation.rs` drives it in virtual time.
+//! - `services` — the other background services, one file each: the Redis connection (start-up,
+//!   health probe, write-backs), the run-time settings refresher (flag, registered sales), the
+//!   leases of claims in flight and the JWT key watcher.
 //! - `metrics`  — Prometheus registry and families (docs/operations.md#metrics).
 //! - `error`    — `ApiError` → status + JSON body.
 //! - `logging`  — tracing subscriber (text or JSON).
@@ -68,6 +70,8 @@
 //! - `pump` imports `store`, `clock`, `failopen`, `draw`, `slice` and `metrics`, nothing of HTTP.
 //! - `gateway`: `gate` may import `hygiene`, never the reverse; header names live in `headers`;
 //!   `AppState` is imported from `app` everywhere.
+//! - `admin` and `services` import `app`, `store` and the pure modules (and `gateway::gate` for a
+//!   claim's terms); `gateway` imports neither, and only `server` imports them.
 //! - Nothing here generates load: the simulator and the recording stand-in backend are the
 //!   `vq-sim` package (`benches/sim`), a client of the gateway over HTTP that imports none of it.
 //!
@@ -82,9 +86,9 @@
 //! `upstream_peer` (the backend, resolved once) unchanged. `logging` records one line and the
 //! metrics per request.
 
+pub mod admin;
 pub mod allowed;
 pub mod app;
-pub mod background;
 pub mod claims;
 pub mod cli;
 pub mod clock;
@@ -105,6 +109,7 @@ pub mod queue;
 pub mod routing;
 pub mod sale;
 pub mod server;
+pub mod services;
 pub mod settings;
 pub mod slice;
 pub mod store;

@@ -74,7 +74,7 @@ pub struct Metrics {
     pub refused_connections: IntCounterVec,
     /// `virtual_queue_store_data_loss_total{state}`: run-time settings documents (`flag`,
     /// `targets`) and sales (`sale`) found missing or older than this replica had read them
-    /// (`settings.rs`, `background.rs`); a sale's queue state the scripts found missing or
+    /// (`settings.rs`, `services/settings.rs`); a sale's queue state the scripts found missing or
     /// behind and repaired (`queue_seq`, `queue_mark`, `queue_waiting`, `queue_heartbeats`,
     /// `queue_queued`, `sale_stand_in`, reported by the pump); and a Redis that went back in time (`rollback`,
     /// from the replica roster's clock). Redis restarted empty, failed over to a replica that

@@ -1,7 +1,7 @@
 //! Builds the Pingora server from a validated `Config`: checks the listen ports, resolves the
 //! backend once, creates the store, and wires the services and their order: the Redis
 //! connection first (the public proxy waits for it), then the proxy, the admin listener, the
-//! admission pump, the run-time settings refresher and the JWT key watcher (`background.rs`).
+//! admission pump, the run-time settings refresher and the JWT key watcher (`services/`).
 //! `main` builds exactly this; the tests run the binary that does.
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
@@ -12,16 +12,17 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
+use crate::admin::AdminApp;
 use crate::app::AppState;
-use crate::background::{
-    ClaimLeases, KeyWatcher, RedisConnection, RuntimeSettings, SettingsRefresher,
-};
 use crate::config::{Config, StoreBackend};
 use crate::flag::{Flag, FlagState};
-use crate::gateway::admin::AdminApp;
 use crate::gateway::conn::{Bounds, ConnectionLimit};
 use crate::gateway::Gateway;
 use crate::metrics::Metrics;
+use crate::services::claim_leases::ClaimLeases;
+use crate::services::connection::RedisConnection;
+use crate::services::keys::KeyWatcher;
+use crate::services::settings::{RuntimeSettings, SettingsRefresher};
 use crate::store::{MemoryStore, QueueStore, RedisStore};
 use crate::token::TokenKeys;
 
@@ -224,7 +225,7 @@ pub fn build(config: Config, keys: TokenKeys) -> Result<Built, StartError> {
     let proxy = server.add_service(proxy);
 
     let admin_token =
-        crate::gateway::sales::AdminToken::from_env(state.config.server.admin_token_env.as_deref())
+        crate::admin::sales::AdminToken::from_env(state.config.server.admin_token_env.as_deref())
             .map_err(StartError::AdminToken)?;
     let replica_name = state
         .config

@@ -17,7 +17,7 @@
 //!   that may remember it to write it back, then creates it from its TOML values (a new
 //!   deployment); until then the state is unknown and the callers take the safe side.
 //!
-//! No I/O: the refresher (`background.rs`) reads and writes, this module decides.
+//! No I/O: the refresher (`services/settings.rs`) reads and writes, this module decides.
 
 use std::time::Duration;
 
@@ -161,7 +161,7 @@ impl Tracker {
 }
 
 /// Writes the flag document where every replica reads it (the admin API's `PUT /flag`). With
-/// Redis: the settings refresher of `background.rs`, which also adopts the written document on
+/// Redis: the settings refresher of `services/settings.rs`, which also adopts the written document on
 /// this replica at once.
 #[async_trait]
 pub trait FlagWriter: Send + Sync {

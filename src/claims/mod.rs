@@ -16,7 +16,7 @@
 //!
 //! So during an outage a token can reach the backend at most once per replica (the replica that
 //! took it before the outage included), and never again after Redis answers. Nothing here talks
-//! to Redis: the gate and the prober (`background.rs`) do.
+//! to Redis: the gate and the prober (`services/connection.rs`) do.
 
 mod journal;
 

@@ -17,14 +17,11 @@
 //! - `fail_to_proxy`: a backend that is down or slow becomes a JSON 502/504, never a hang.
 //! - `logging`: one structured line and the request metrics.
 
-pub mod admin;
 pub mod api;
 pub mod conn;
-pub mod console;
 pub mod gate;
 pub mod hygiene;
 pub mod route;
-pub mod sales;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -1,6 +1,5 @@
-//! The background services besides the pump: the Redis connection (start-up, health probe,
-//! claim write-back), the run-time settings refresher (flag and registered sales, written back
-//! when Redis loses them), and the JWT key watcher. Each is a Pingora `BackgroundService`; `server::build` wires them and their order.
+//! The run-time settings refresher: the flag and the registered sales, read with their versions
+//! every second, kept while Redis is down and written back when Redis loses them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,27 +7,20 @@ use std::time::Duration;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use pingora::services::ServiceReadyNotifier;
 
 use parking_lot::Mutex;
 
 use crate::app::AppState;
-
-/// The most registered sales whose parameters a replica reads (and writes back) per refresh.
-const MAX_SALES_REFRESHED: usize = 10_000;
-
-/// The owner recorded on a claim written back after an outage (any value but a purchase's own).
-const REPLAY_OWNER: &str = "replay";
 use crate::flag::FlagState;
 use crate::settings::{Doc, DocKind, Step, Tracker};
 use crate::store::RedisStore;
 
+/// The most registered sales whose parameters a replica reads (and writes back) per refresh.
+const MAX_SALES_REFRESHED: usize = 10_000;
+
 /// How often each instance re-reads `queue:flag` (every instance within 3 s:
 /// docs/operations.md#the-flag).
 pub const FLAG_REFRESH: Duration = Duration::from_secs(1);
-
-/// How often the prober checks the store's request path (it also notices a hang without traffic).
-const PROBE_EVERY: Duration = Duration::from_millis(100);
 
 /// The run-time settings kept in Redis (`settings.rs`): the flag (`queue:flag`) and, with
 /// `queue.targets = "registered"`, the registered sales (`queue:targets`), each read with its
@@ -269,8 +261,6 @@ impl SettingsRefresher {
     }
 }
 
-/// Re-reads the run-time settings every `FLAG_REFRESH` (every instance within 3 s:
-/// docs/operations.md#the-flag).
 #[async_trait]
 impl crate::settings::FlagWriter for SettingsRefresher {
     /// Sets the fields in `queue:flag` (as `vq-gateway flag set` does) and reads the document
@@ -300,7 +290,8 @@ impl crate::settings::FlagWriter for SettingsRefresher {
     }
 }
 
-/// Starts after `RedisConnection` (a service dependency).
+/// Re-reads the run-time settings every `FLAG_REFRESH` (every instance within 3 s:
+/// docs/operations.md#the-flag). Starts after `RedisConnection` (a service dependency).
 pub struct RuntimeSettings {
     pub refresher: Arc<SettingsRefresher>,
 }
@@ -314,243 +305,6 @@ impl BackgroundService for RuntimeSettings {
             tokio::select! {
                 _ = shutdown.changed() => break,
                 _ = ticker.tick() => self.refresher.pass().await,
-            }
-        }
-    }
-}
-
-/// The Redis connection's service: connects at start-up (the public listener waits for it, up to
-/// `store.startup_wait_ms`, so a starting replica never answers before it has tried its store),
-/// then keeps the connection task on a runtime that lives as long as the server, probes the
-/// store's health (ending a degraded episode by itself) and writes back the claims taken while
-/// the store was down.
-pub struct RedisConnection {
-    pub store: Arc<RedisStore>,
-    pub state: Arc<AppState>,
-    pub settings: Arc<SettingsRefresher>,
-}
-
-impl RedisConnection {
-    /// Probes the request path every `PROBE_EVERY` (the guard's breaker lets one probe through
-    /// at a time and refuses the rest at once), and once the store answers, writes the claims
-    /// taken locally during the outage so those tokens stay spent.
-    async fn probe(&self) {
-        let store = &self.state.store;
-        let mut ticker = tokio::time::interval(PROBE_EVERY);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut compacted_at = 0;
-        loop {
-            ticker.tick().await;
-            let now_s = crate::clock::now().epoch_ms / 1000;
-            if now_s != compacted_at {
-                compacted_at = now_s;
-                self.state.claims.compact_journal(now_s);
-            }
-            if store.probe().await.is_err() {
-                continue;
-            }
-            if self.state.pacer.take_rollback() {
-                // Redis went back in time: the claims spent and the tokens issued in the lost
-                // window are written again, so no spent token buys again and nobody gets a
-                // second token (docs/state.md).
-                self.state.claims.requeue_all(now_s);
-                self.state
-                    .pacer
-                    .return_unrecorded(self.state.issued.live(now_s));
-            }
-            self.record_paced().await;
-            if self.state.claims.pending_len() == 0 {
-                continue;
-            }
-            // The claims taken while the store was down (or remembered, after it lost its data).
-            let now = crate::clock::now();
-            let pending = self.state.claims.take_pending(now.epoch_ms / 1000);
-            let mut left = Vec::new();
-            let mut written = 0usize;
-            for (target, id, expires_at) in pending {
-                if !left.is_empty() {
-                    left.push((target, id, expires_at));
-                    continue;
-                }
-                let terms =
-                    crate::gateway::gate::claim_terms(&self.state, expires_at, now.epoch_ms / 1000);
-                let spend = store.inner().settle(
-                    target,
-                    &id,
-                    REPLAY_OWNER,
-                    crate::store::Settle::Spend,
-                    terms,
-                    now,
-                );
-                match store.background("claim_replay", spend).await {
-                    Ok(_) => written += 1,
-                    Err(_) => left.push((target, id, expires_at)),
-                }
-            }
-            if written > 0 {
-                tracing::info!(
-                    written,
-                    "claims taken during the outage written to the store"
-                );
-            }
-            self.state.claims.restore_pending(left);
-        }
-    }
-
-    /// Writes the admissions this replica made while pacing into the store (`record_paced`):
-    /// their tokens become the stored ones and their users leave the waiting room, so the pump
-    /// never admits them a second time and their next polls answer the same token.
-    async fn record_paced(&self) {
-        let paced = self.state.pacer.take_unrecorded();
-        if paced.is_empty() {
-            return;
-        }
-        let store = &self.state.store;
-        let now = crate::clock::now();
-        let mut left = Vec::new();
-        let mut written = 0usize;
-        for (target, user, expires_at) in paced {
-            if !left.is_empty() || expires_at <= now.epoch_ms / 1000 {
-                if expires_at > now.epoch_ms / 1000 {
-                    left.push((target, user, expires_at));
-                }
-                continue;
-            }
-            let payload = crate::token::TokenPayload {
-                target_type: target.kind,
-                target_id: target.id,
-                user_id: user,
-                expires_at,
-            };
-            let token = crate::store::TokenCandidate {
-                token: crate::token::mint(&self.state.keys, &payload),
-                expires_at,
-            };
-            match crate::store::QueueStore::record_paced(&**store, target, user, &token, now).await
-            {
-                Ok(true) => written += 1,
-                Ok(false) => {}
-                Err(_) => left.push((target, user, expires_at)),
-            }
-        }
-        if written > 0 {
-            tracing::info!(
-                written,
-                "admissions made while pacing recorded in the store (their users are not admitted again)"
-            );
-        }
-        self.state.pacer.return_unrecorded(left);
-    }
-
-    /// Warns when full queues would not fit in Redis' `maxmemory`, or when Redis may evict queue
-    /// state under memory pressure.
-    async fn check_memory(&self) {
-        let Some((maxmemory, policy)) = self.store.memory_config().await else {
-            return;
-        };
-        let need = self.state.config.worst_case_redis_bytes();
-        if maxmemory > 0 && need > maxmemory {
-            tracing::warn!(
-                maxmemory,
-                worst_case_bytes = need,
-                "queue.max_capacity x queue.max_active_targets does not fit in Redis maxmemory: \
-                 when Redis is full new enters get 429 QUEUE_FULL (waiting users keep their places)"
-            );
-        }
-        if policy != "noeviction" {
-            tracing::warn!(policy = %policy, "Redis maxmemory-policy is not noeviction: queue state may be evicted");
-        }
-    }
-}
-
-#[async_trait]
-impl BackgroundService for RedisConnection {
-    async fn start_with_ready_notifier(
-        &self,
-        mut shutdown: ShutdownWatch,
-        ready: ServiceReadyNotifier,
-    ) {
-        let wait = self.state.config.store.startup_wait;
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            reached = self.store.connect(wait) => {
-                if reached {
-                    self.check_memory().await;
-                    // The flag and the registered sales known before the first request: until
-                    // they are, everyone queues and unregistered purchases wait.
-                    self.settings.pass().await;
-                }
-            }
-        }
-        // The public listener opens now: with the store reached, or degraded after the wait.
-        ready.notify_ready();
-        tokio::select! {
-            _ = shutdown.changed() => {}
-            _ = self.probe() => {}
-        }
-        // No QUIT: during the shutdown grace period the pump still releases its locks; the
-        // connection ends with this service's runtime.
-    }
-}
-
-/// Renews the leases of the claims whose purchases are in flight through this replica (every
-/// third of `gate::CLAIM_LEASE`), so a claim lapses only when its replica is gone.
-pub struct ClaimLeases {
-    pub state: Arc<AppState>,
-}
-
-#[async_trait]
-impl BackgroundService for ClaimLeases {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut ticker = tokio::time::interval(crate::gateway::gate::CLAIM_LEASE / 3);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.changed() => break,
-                _ = ticker.tick() => self.renew().await,
-            }
-        }
-    }
-}
-
-impl ClaimLeases {
-    async fn renew(&self) {
-        let store = &self.state.store;
-        for (target, id, owner) in self.state.claims.leases() {
-            let now = crate::clock::now();
-            // The lease's length is all renewing uses of the terms.
-            let terms = crate::gateway::gate::claim_terms(&self.state, 0, 0);
-            let renew =
-                store
-                    .inner()
-                    .settle(target, &id, &owner, crate::store::Settle::Renew, terms, now);
-            if let Ok(false) = store.background("claim_lease", renew).await {
-                // Settled meanwhile, or the lease lapsed (this replica could not renew it in
-                // time) and the claim may be another attempt's now.
-                tracing::debug!(%target, "a claim's lease was not renewed: settled or lapsed");
-            }
-        }
-    }
-}
-
-/// How often the identity key file is checked for changes.
-const KEY_RELOAD_EVERY: Duration = Duration::from_secs(1);
-
-/// Reloads the JWT verification keys when their file changes (`identity.rs`).
-pub struct KeyWatcher {
-    pub state: Arc<AppState>,
-}
-
-#[async_trait]
-impl BackgroundService for KeyWatcher {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut ticker = tokio::time::interval(KEY_RELOAD_EVERY);
-        loop {
-            tokio::select! {
-                _ = shutdown.changed() => break,
-                _ = ticker.tick() => {
-                    self.state.identity.reload_if_changed();
-                }
             }
         }
     }

@@ -16,7 +16,9 @@ use http::Response;
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 
-use super::console;
+pub mod console;
+pub mod sales;
+
 use crate::app::AppState;
 use crate::settings::FlagWriter;
 use crate::store::QueueStore;
@@ -24,14 +26,14 @@ use crate::store::QueueStore;
 pub struct AdminApp {
     state: Arc<AppState>,
     /// The admin writes' credential (`server.admin_token_env`); `None`: writes are refused.
-    token: Option<super::sales::AdminToken>,
+    token: Option<sales::AdminToken>,
     /// Where a flag change is written (Redis' flag document); `None`: the local flag (the
     /// memory store, one process).
     flag: Option<Arc<dyn FlagWriter>>,
 }
 
 impl AdminApp {
-    pub fn new(state: Arc<AppState>, token: Option<super::sales::AdminToken>) -> AdminApp {
+    pub fn new(state: Arc<AppState>, token: Option<sales::AdminToken>) -> AdminApp {
         AdminApp {
             state,
             token,
@@ -51,7 +53,7 @@ impl AdminApp {
         loop {
             match session.read_request_body().await {
                 Ok(Some(chunk)) => {
-                    if body.len() + chunk.len() > super::sales::MAX_BODY {
+                    if body.len() + chunk.len() > sales::MAX_BODY {
                         return None;
                     }
                     body.extend_from_slice(&chunk);
@@ -95,7 +97,7 @@ impl AdminApp {
 }
 
 /// A JSON answer of the sales, flag or console endpoints (204: no body, no length, no type).
-fn json(answer: super::sales::SalesAnswer) -> Response<Vec<u8>> {
+fn json(answer: sales::SalesAnswer) -> Response<Vec<u8>> {
     let (status, body) = answer;
     let body = body.map_or_else(Vec::new, |j| j.to_string().into_bytes());
     let mut r = response(status, "application/json", body);
@@ -241,21 +243,21 @@ impl ServeHttp for AdminApp {
                 .get(http::header::AUTHORIZATION)
                 .map(|v| v.as_bytes());
             if flag_write {
-                let who = match super::sales::authorize(self.token.as_ref(), authorization) {
+                let who = match sales::authorize(self.token.as_ref(), authorization) {
                     Ok(who) => who,
                     Err(refused) => return json(refused),
                 };
                 let writer = self.flag.as_deref();
                 return json(console::put_flag(&self.state, writer, &body, &who, &peer).await);
             }
-            let request = super::sales::SalesRequest {
+            let request = sales::SalesRequest {
                 method: &header.method,
                 peer: &peer,
                 path: &path,
                 authorization,
                 body: &body,
             };
-            return json(super::sales::handle(&self.state, self.token.as_ref(), request).await);
+            return json(sales::handle(&self.state, self.token.as_ref(), request).await);
         }
         let _ = session.drain_request_body().await;
         let get = session.req_header().method == http::Method::GET;
