@@ -207,6 +207,8 @@ struct RosterClock {
     /// A sale's state was found behind what this replica saw (`report_loss`): the next
     /// registration tells every replica, as a rollback.
     signal: bool,
+    /// When this replica last learned of a rollback (epoch ms; 0: never).
+    learned_ms: u64,
 }
 
 /// This replica's standing in the replica roster, as far as it knows.
@@ -320,8 +322,20 @@ impl Pacer {
     /// rollback (`roster.lua` takes the higher count), and each writes back the claims it
     /// spent and the tokens it signed: a shard of a cluster can fail over behind while the
     /// roster's shard does not.
-    pub fn report_loss(&self) {
-        self.clock.lock().signal = true;
+    ///
+    /// Losses found within two ticks and a second of a rollback this replica learned of are that
+    /// rollback's (every replica is writing back already): not told again, so one failover does
+    /// not hold tokens and purchases over and over.
+    pub fn report_loss(&self, now_ms: u64) {
+        let mut c = self.clock.lock();
+        let recent = c.learned_ms > 0
+            && now_ms
+                < c.learned_ms
+                    .saturating_add(self.cfg.tick_ms.saturating_mul(2))
+                    .saturating_add(1000);
+        if !recent {
+            c.signal = true;
+        }
     }
 
     /// A registration answered the roster's clock and rollbacks (0 and 0: not kept): true when
@@ -336,6 +350,7 @@ impl Pacer {
         c.rollbacks = Some(c.rollbacks.unwrap_or(0).max(rollbacks));
         if new {
             c.signal = false;
+            c.learned_ms = now_ms;
             c.pending = true;
             // Every replica learns of it at its next registration (within a tick) and writes
             // back within a probe period.
@@ -1148,7 +1163,7 @@ mod tests {
     fn a_loss_found_here_is_reported_to_the_roster_as_a_rollback() {
         let p = Pacer::new(config(1000, 10, 1));
         assert!(!p.saw_roster_clock(5, 0, 1_000));
-        p.report_loss();
+        p.report_loss(1_500);
         assert_eq!(p.roster_clock(), (5, 1), "one rollback more than known");
         assert!(
             p.saw_roster_clock(6, 1, 2_000),
@@ -1157,6 +1172,11 @@ mod tests {
         assert!(p.issue_held(2_100));
         assert!(p.take_rollback(), "this replica writes back too");
         assert_eq!(p.roster_clock(), (6, 1), "reported once");
+        // Losses found right after are that rollback's: not told again.
+        p.report_loss(4_999);
+        assert_eq!(p.roster_clock(), (6, 1));
+        p.report_loss(5_000);
+        assert_eq!(p.roster_clock(), (6, 2), "a later loss is a new one");
     }
 
     #[test]

@@ -578,7 +578,7 @@ impl Pump {
             if matches!(kind.as_str(), "seq" | "mark") {
                 // Behind what a replica saw: tokens signed and claims spent in the lost part may
                 // be gone too; every replica writes back what it remembers (as after a rollback).
-                self.pacer.report_loss();
+                self.pacer.report_loss(self.clock.now().epoch_ms);
             }
             let label = match kind.as_str() {
                 "seq" => "queue_seq",

@@ -210,12 +210,17 @@ pub async fn check(
         error: ApiError::QueueUnavailable,
         reason,
     };
+    // The store answers again after an outage, a broken connection or a rollback: the claims
+    // other replicas spent meanwhile may not be written back yet (docs/state.md), and this could
+    // be such a token's second use. The purchase waits until the write-backs are done (a few
+    // ticks at most), without taking a claim.
+    if !state.store.degraded() && state.store.issue_held(&state.pacer, now.epoch_ms) {
+        return Err(unconfirmed("claim_held"));
+    }
     let owner = claim_owner();
     match claim_in_store(state, target, &id, &owner, held_until).await {
-        // The store answers again after an outage, a broken connection or a rollback: the claims
-        // other replicas spent meanwhile may not be written back yet (docs/state.md), and this
-        // could be such a token's second use. The claim is given back and the purchase waits
-        // until the write-backs are done (at most a few ticks).
+        // The same, found only by this very call (the store came back while it ran): the claim
+        // is given back.
         Ok(ClaimTake::Taken { .. })
             if state
                 .store

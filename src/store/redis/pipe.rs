@@ -171,8 +171,12 @@ impl Pipes {
         self
     }
 
-    /// Every thread opens a new connection on its next call.
+    /// Every thread opens a new connection on its next call (the server may be another one
+    /// after it: `Wire::broke`).
     pub fn reconnect(&self) {
+        self.wire
+            .broke
+            .fetch_max(crate::clock::now().epoch_ms, Ordering::Relaxed);
         self.generation.fetch_add(1, Ordering::Relaxed);
     }
 
