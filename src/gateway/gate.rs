@@ -178,7 +178,7 @@ pub async fn check(
         return Err(deny("expiry_too_far", "the entry token is not valid"));
     }
     if let Some(since) = queued_since {
-        issued_before_queue(state, target, user, token, &payload, since, now).await?;
+        issued_before_queue(state, target, user, token, &payload, since, unknown, now).await?;
     }
     if !state.config.token.single_use {
         return Ok(Passed {
@@ -382,7 +382,10 @@ const QUEUED_SETTLE_SECS: u64 = 3 + EXPIRY_SKEW_SECS;
 /// been handed out without queueing (the flag off, a rollout that left the user out, a degraded
 /// store), possibly one per second per user: it passes only if it is the very token the queue
 /// holds for this user. Tokens issued later pass without this lookup, so it costs a store call
-/// only in the minutes after a flag change.
+/// only in the minutes after a flag change. While this replica does not know the flag yet
+/// (`unknown`), a token the store does not hold waits (503) instead of being refused: the flag
+/// may turn out on since long ago, or the token's write-back may be on its way (docs/state.md).
+#[allow(clippy::too_many_arguments)]
 async fn issued_before_queue(
     state: &AppState,
     target: QueueTarget,
@@ -390,6 +393,7 @@ async fn issued_before_queue(
     token: &str,
     payload: &crate::token::TokenPayload,
     since: u64,
+    unknown: bool,
     now: Now,
 ) -> Result<(), Denied> {
     let issued_at = payload
@@ -406,6 +410,10 @@ async fn issued_before_queue(
         {
             Ok(())
         }
+        Ok(_) if unknown => Err(Denied {
+            error: ApiError::QueueUnavailable,
+            reason: "flag_unknown",
+        }),
         Ok(_) => Err(deny(
             "issued_before_queue",
             "the entry token was issued before the queue opened",
