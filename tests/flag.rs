@@ -1,6 +1,6 @@
-//! The runtime queue flag (SPEC §7): TOML defaults, the `queue:flag` override seen by every
-//! instance within 3 s, percentage rollout coherent between enter and the gate, per-target
-//! overrides, and the `flag` command.
+//! The runtime queue flag (docs/operations.md#the-flag): TOML defaults, the `queue:flag` override
+//! seen by every instance within 3 s, percentage rollout coherent between enter and the gate,
+//! per-target overrides, and the `flag` command.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

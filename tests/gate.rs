@@ -1,4 +1,4 @@
-//! The entry-token gate over HTTP (SPEC §6) with a recording backend: what reaches a gated
+//! The entry-token gate over HTTP (docs/security.md) with a recording backend: what reaches a gated
 //! handler, and what never does.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

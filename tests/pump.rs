@@ -1,6 +1,6 @@
-//! The admission pump across processes (SPEC §5): three gateway processes on one Redis with short
-//! ticks. The advance script records every advance with Redis' own clock in
-//! `queue:{T}:advances` ("ms:mark:live"), which is what the bound is checked against.
+//! The admission pump across processes (docs/ARCHITECTURE.md#the-admission-pump): three gateway
+//! processes on one Redis with short ticks. The advance script records every advance with Redis'
+//! own clock in `queue:{T}:advances` ("ms:mark:live"), which is what the bound is checked against.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -75,7 +75,8 @@ fn advances(redis: &RedisServer) -> Vec<(u64, u64)> {
     )
 }
 
-/// Checks SPEC §5's bound on every window starting at an advance, where all users are live.
+/// Checks the pump's bound (docs/failures.md) on every window starting at an advance, where all
+/// users are live.
 fn assert_bound(adv: &[(u64, u64)]) {
     assert_bound_live(adv, |_| true);
 }

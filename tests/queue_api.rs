@@ -1,4 +1,4 @@
-//! The waiting room API over HTTP (SPEC §3, §4), against both store backends: the embedded memory
+//! The waiting room API over HTTP (docs/api.md), against both store backends: the embedded memory
 //! store and Redis. The backend is a recording upstream that must never see a queue call.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -97,7 +97,7 @@ fn enter_poll_leave_reenter() {
         let mut c = e.gw.client();
         let r = enter(&mut c, Q, 1001);
         let v = r.json();
-        // Field for field as SPEC §3, nulls included.
+        // Field for field as docs/api.md, nulls included.
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         for k in [
             "status",

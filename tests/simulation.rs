@@ -1,8 +1,8 @@
 //! A deterministic simulation in virtual time (no sockets, no sleeps): thousands of ticks of
 //! arrivals, leaves, abandonment and admission on the memory store, with several instances of
 //! the real `Pump` (behind the real `StoreGuard`, on a `VirtualClock`) whose ticks fire with
-//! jitter, retry, and all run every tick as if the lock had failed. The invariants of SPEC §5
-//! are checked after every step.
+//! jitter, retry, and all run every tick as if the lock had failed. The invariants of the admission
+//! pump (docs/ARCHITECTURE.md#the-admission-pump) are checked after every step.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -1,6 +1,6 @@
 //! One contract suite, run against both stores: the embedded `MemoryStore` and `RedisStore` on a
-//! private `redis-server`. Then Redis-only checks of the key contract (SPEC §9): names, scores,
-//! TTLs.
+//! private `redis-server`. Then Redis-only checks of the key contract (docs/redis.md#keys): names,
+//! scores, TTLs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

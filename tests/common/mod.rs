@@ -55,7 +55,8 @@ pub fn now_s() -> u64 {
         .as_secs()
 }
 
-/// Mints a token straight from SPEC §6 with `ring` and `base64`, independent of the gateway code.
+/// Mints a token straight from its format (docs/api.md#entry-token) with `ring` and `base64`,
+/// independent of the gateway code.
 pub fn token_for(secret: &str, payload: &str) -> String {
     use base64::Engine as _;
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
